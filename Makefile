@@ -1,0 +1,35 @@
+# `make demo` and `make test` set everything up on a fresh machine, then run.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.xmodal-installed
+DEMO_DIR ?= demo_run
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+# torch and torchvision come from PyPI together (the CUDA build also runs on CPU).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch torchvision
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/xmodal demo --workdir $(DEMO_DIR)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	for b in tests/benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR)

@@ -1,0 +1,1 @@
+"""Datasets, training, evaluation, Ray jobs and the `xmodal` command line."""

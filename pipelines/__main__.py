@@ -1,0 +1,7 @@
+"""`python -m pipelines` is `xmodal`."""
+
+import sys
+
+from pipelines.cli import main
+
+sys.exit(main())
