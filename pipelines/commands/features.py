@@ -1,0 +1,199 @@
+"""`xmodal features info|verify|import|export|merge|show`: inspect, convert and draw region-feature stores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for add in (_add_info, _add_verify, _add_import, _add_export, _add_merge, _add_show):
+        add(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    from storage import StoreError
+
+    try:
+        return args._action(args)
+    except (StoreError, FileNotFoundError, ValueError) as exc:
+        # bad input and refusals are the user's to fix: the message, not a traceback (-v shows it)
+        log.error("%s", exc)
+        log.debug("details", exc_info=True)
+        return 1
+
+
+def _add_info(sub) -> None:
+    p = sub.add_parser("info", help="count, dims, dtype, size on disk and provenance of a store")
+    p.add_argument("path", nargs="+", help="store directory (several shards are read as one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(_action=_info)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from storage.info import describe, format_size
+
+    meta = describe(args.path)
+    if args.json:
+        print(json.dumps(meta, sort_keys=True))
+        return 0
+    print(f"store      {', '.join(meta['paths'])}")
+    print(f"format     {meta['format']} v{meta['format_version']}")
+    print(f"records    {meta['count']}")
+    print(f"features   {meta['max_boxes']} boxes max x {meta['feature_dim']} {meta['dtype']}")
+    print(f"on disk    {format_size(meta['size_on_disk'])}")
+    print(f"created    {meta['created_at']} by {meta['created_by']}")
+    for key, value in sorted(meta["provenance"].items()):
+        print(f"  {key}: {json.dumps(value)}")
+    return 0
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="check that every record decodes and matches its checksum")
+    p.add_argument("path", nargs="+", help="store directory (several shards are checked together)")
+    p.set_defaults(_action=_verify)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from storage.verify import verify
+
+    report = verify(args.path)
+    for img_id, reason in report.bad:
+        print(f"BAD {img_id}: {reason}")
+    for problem in report.problems:
+        print(f"PROBLEM {problem}")
+    print(f"{report.checked} records checked, {len(report.bad)} bad")
+    return 0 if report.ok else 1
+
+
+def _add_import(sub) -> None:
+    p = sub.add_parser("import", help="LXMERT .tsv or HDF5 (.h5/.hdf5) -> store")
+    p.add_argument("src", help="LXMERT feature TSV, bottom-up-attention-vqa HDF5, or an xmodal HDF5 export")
+    p.add_argument("dst", help="store directory (created, or appended to: ids it holds are skipped)")
+    p.add_argument("--format", choices=("tsv", "hdf5"), help="source format (default: from the extension)")
+    p.add_argument(
+        "--dtype", choices=("float16", "float32"), help="stored feature dtype (default: DST's, else float16)"
+    )
+    p.add_argument(
+        "--max-boxes", type=int, help="most boxes per image (default: DST's, else the HDF5's width, else 36)"
+    )
+    p.add_argument("--feature-dim", type=int, help="feature width (default: from the first record)")
+    p.add_argument("--ids", help="HDF5 only: id -> row map, JSON {id: row} / [ids] or text (one id per line)")
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed lines/rows instead of stopping")
+    p.add_argument("--replace", action="store_true", help="overwrite ids the store already holds")
+    p.set_defaults(_action=_import)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from storage.hdf5 import hdf5_max_boxes, read_hdf5
+    from storage.importer import import_records
+    from storage.info import describe
+    from storage.tsv import read_tsv
+
+    fmt = args.format or _format_of(args.src)
+    if args.ids and fmt != "hdf5":
+        raise SystemExit("--ids applies to HDF5 sources only")
+    dtype, max_boxes = "float16", 36
+    if Path(args.dst, "data.mdb").is_file():
+        meta = describe(args.dst)
+        dtype, max_boxes = meta["dtype"], meta["max_boxes"]
+    elif fmt == "hdf5":
+        max_boxes = hdf5_max_boxes(args.src)
+    items = read_tsv(args.src) if fmt == "tsv" else read_hdf5(args.src, ids=args.ids)
+    report = import_records(
+        items,
+        args.src,
+        args.dst,
+        dtype=args.dtype or dtype,
+        max_boxes=args.max_boxes or max_boxes,
+        feature_dim=args.feature_dim,
+        skip_bad=args.skip_bad,
+        replace=args.replace,
+        provenance={"format": fmt},
+    )
+    print(
+        f"{args.dst}: {report.written} records written, {report.already_present} already present, "
+        f"{len(report.bad)} bad skipped"
+    )
+    return 0
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="store -> LXMERT .tsv or HDF5 (.h5/.hdf5)")
+    p.add_argument("src", nargs="+", help="store directory (several shards are exported as one)")
+    p.add_argument("dst", help="output .tsv, .h5 or .hdf5 file")
+    p.add_argument("--format", choices=("tsv", "hdf5"), help="output format (default: from the extension)")
+    p.add_argument("--dtype", choices=("float16", "float32"), default="float32", help="HDF5 feature dtype")
+    p.set_defaults(_action=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from storage import FeatureReader
+    from storage.hdf5 import export_hdf5
+    from storage.tsv import export_tsv
+
+    fmt = args.format or _format_of(args.dst)
+    reader = FeatureReader(args.src)
+    count = export_tsv(reader, args.dst) if fmt == "tsv" else export_hdf5(reader, args.dst, dtype=args.dtype)
+    print(f"{args.dst}: {count} records exported ({fmt})")
+    return 0
+
+
+def _add_merge(sub) -> None:
+    p = sub.add_parser("merge", help="combine stores (extraction shards) into one")
+    p.add_argument("src", nargs="+", help="source stores (a single one is copied and checked)")
+    p.add_argument("dst", help="destination store (created, or appended to after an interrupted merge)")
+    p.add_argument("--first-wins", action="store_true", help="for ids in several sources keep the first copy")
+    p.set_defaults(_action=_merge)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from storage.merge import merge_stores
+
+    written = merge_stores(args.src, args.dst, first_wins=args.first_wins)
+    print(f"{args.dst}: {written} records written from {len(args.src)} sources")
+    return 0
+
+
+def _add_show(sub) -> None:
+    p = sub.add_parser("show", help='draw one record\'s boxes with "attribute object" labels on its image')
+    p.add_argument("path", help="store directory")
+    p.add_argument("img_id", help="record id")
+    p.add_argument("--image", required=True, help="the image the record was extracted from")
+    p.add_argument("--out", required=True, help="output image (.png or .jpg)")
+    p.add_argument("--vocab", help="folder with the VG object/attribute vocabularies (else ids are drawn)")
+    p.set_defaults(_action=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    import cv2
+
+    from extraction import load_image
+    from extraction.draw import draw_regions, load_vg_vocab
+    from storage import FeatureReader
+
+    reader = FeatureReader(args.path)
+    if args.img_id not in reader:
+        raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features info` lists the store")
+    rec = reader[args.img_id]
+    objects, attributes = load_vg_vocab(args.vocab) if args.vocab else (None, None)
+    drawn = draw_regions(load_image(args.image), rec, objects, attributes)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    if not cv2.imwrite(str(args.out), drawn):
+        raise ValueError(f"cannot write {args.out}: use a .png or .jpg name in a writable folder")
+    print(f"{args.out}: {rec.num_boxes} regions of {args.img_id!r} drawn")
+    return 0
+
+
+def _format_of(path: str) -> str:
+    suffixes = Path(path).suffixes
+    if suffixes and suffixes[-1] in (".tsv", ".csv"):
+        return "tsv"
+    if suffixes and suffixes[-1] in (".h5", ".hdf5"):
+        return "hdf5"
+    raise SystemExit(f"cannot tell the format of {path} from its name: use .tsv, .h5 or .hdf5, or --format")

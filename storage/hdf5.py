@@ -1,0 +1,220 @@
+"""HDF5 in and out: the bottom-up-attention-vqa layout, and xmodal's export layout (a superset of it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from storage.errors import BadInputError
+from storage.reader import FeatureReader
+from storage.records import RegionFeatures
+
+H5_FORMAT = "xmodal-region-features-h5"
+H5_FORMAT_VERSION = 1
+_BLOCK = 64  # rows read per HDF5 call when importing
+_LABEL_FIELDS = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
+
+
+def read_hdf5(
+    path: str | os.PathLike, ids: str | os.PathLike | None = None
+) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
+    """Stream (where, record or error) row by row from either layout; `ids` maps rows to image ids for
+    the bottom-up-attention-vqa layout (found next to the file when not given)."""
+    path = Path(path)
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("format") == H5_FORMAT:
+            version = int(f.attrs.get("format_version", 0))
+            if version > H5_FORMAT_VERSION:
+                raise BadInputError(
+                    f"{path}: HDF5 export format version {version} is newer than this xmodal reads "
+                    f"({H5_FORMAT_VERSION}): upgrade xmodal"
+                )
+            yield from _read_xmodal(f, path)
+        elif "image_features" in f and "image_bb" in f:
+            yield from _read_butd(f, path, _row_ids(path, ids, f))
+        else:
+            raise BadInputError(
+                f"{path}: neither an xmodal HDF5 export nor the bottom-up-attention-vqa layout "
+                f"(image_features, image_bb, spatial_features); datasets found: {sorted(f.keys())}"
+            )
+
+
+def hdf5_max_boxes(path: str | os.PathLike) -> int:
+    """The most boxes an image has in either layout: the padded width, or the longest pos_boxes span."""
+    with h5py.File(path, "r") as f:
+        if "pos_boxes" in f:
+            pos = f["pos_boxes"][:]
+            return int((pos[:, 1] - pos[:, 0]).max()) if len(pos) else 1
+        if "image_bb" in f:
+            return int(f["image_bb"].shape[1])
+    raise BadInputError(f"{path}: no image_bb dataset: not a feature HDF5 file")
+
+
+def _read_xmodal(f: h5py.File, path: Path) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
+    ids = f["img_id"].asstr()
+    total = len(ids)
+    for start in range(0, total, _BLOCK):
+        stop = min(start + _BLOCK, total)
+        block = {name: f[name][start:stop] for name in ("img_h", "img_w", "num_boxes", *_LABEL_FIELDS)}
+        block["boxes"] = f["image_bb"][start:stop]
+        block["features"] = f["image_features"][start:stop]
+        block_ids = ids[start:stop]
+        for i in range(stop - start):
+            where = f"{path} row {start + i} (id {block_ids[i]!r})"
+            n = int(block["num_boxes"][i])
+            if not 0 <= n <= block["boxes"].shape[1]:
+                yield where, BadInputError(f"{where}: num_boxes {n} outside 0..{block['boxes'].shape[1]}")
+                continue
+            yield (
+                where,
+                RegionFeatures(
+                    img_id=str(block_ids[i]),
+                    img_h=int(block["img_h"][i]),
+                    img_w=int(block["img_w"][i]),
+                    boxes=block["boxes"][i, :n],
+                    features=block["features"][i, :n],
+                    **{name: block[name][i, :n] for name in _LABEL_FIELDS},
+                ),
+            )
+
+
+def _read_butd(
+    f: h5py.File, path: Path, row_ids: dict[int, str]
+) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
+    """Rows of image_features (N, boxes, D) or, in the adaptive variant, flat (total, D) with pos_boxes."""
+    feats, bb = f["image_features"], f["image_bb"]
+    if "spatial_features" not in f:
+        raise BadInputError(f"{path}: no spatial_features dataset: the image sizes cannot be recovered")
+    spatial = f["spatial_features"]
+    pos = f["pos_boxes"][:] if "pos_boxes" in f else None
+    rows = len(pos) if pos is not None else len(feats)
+    for start in range(0, rows, _BLOCK):
+        stop = min(start + _BLOCK, rows)
+        if pos is None:
+            rows_of = list(zip(bb[start:stop], feats[start:stop], spatial[start:stop], strict=True))
+        else:
+            rows_of = [(bb[a:b], feats[a:b], spatial[a:b]) for a, b in pos[start:stop]]
+        for i, (boxes, features, sp) in enumerate(rows_of):
+            row = start + i
+            img_id = row_ids.get(row)
+            where = f"{path} row {row} (id {img_id!r})"
+            if img_id is None:
+                yield where, BadInputError(f"{where}: the id map names no image for this row")
+                continue
+            size = _image_size(boxes, sp)
+            if size is None:
+                yield where, BadInputError(f"{where}: spatial_features give no box to recover the image size")
+                continue
+            n = len(boxes)
+            yield (
+                where,
+                RegionFeatures(
+                    img_id=img_id,
+                    img_h=size[0],
+                    img_w=size[1],
+                    boxes=boxes,
+                    features=features,
+                    # no detector labels in this layout: class 0 at confidence 0 weighs nothing in a loss
+                    objects_id=np.zeros(n, np.int64),
+                    objects_conf=np.zeros(n, np.float32),
+                    attrs_id=np.zeros(n, np.int64),
+                    attrs_conf=np.zeros(n, np.float32),
+                ),
+            )
+
+
+def _image_size(boxes: np.ndarray, spatial: np.ndarray) -> tuple[int, int] | None:
+    """(h, w) from the spatial features (x1/W, y1/H, x2/W, y2/H, w/W, h/H) of the widest/tallest box."""
+    widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    iw, ih = int(np.argmax(widths)) if len(boxes) else 0, int(np.argmax(heights)) if len(boxes) else 0
+    if not len(boxes) or spatial[iw, 4] <= 0 or spatial[ih, 5] <= 0:
+        return None
+    return int(round(heights[ih] / spatial[ih, 5])), int(round(widths[iw] / spatial[iw, 4]))
+
+
+def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> dict[int, str]:
+    """Row -> image id from a JSON {id: row} or [id, ...], or a text file with one id per line."""
+    if ids is None:
+        stem = path.with_suffix("")
+        candidates = [Path(f"{stem}_imgid2idx.json"), Path(f"{stem}_ids.json"), Path(f"{stem}_ids.txt")]
+        ids = next((c for c in candidates if c.is_file()), None)
+        if ids is None:
+            pickle = Path(f"{stem}_imgid2idx.pkl")
+            hint = (
+                f"{pickle} is a pickle, which xmodal never loads (it can run code); convert it once, in a "
+                'Python you trust: python -c "import json, pickle; json.dump({str(k): int(v) for k, v in '
+                f"pickle.load(open('{pickle}', 'rb')).items()}}, open('{stem}_imgid2idx.json', 'w'))\""
+                if pickle.is_file()
+                else f"give it with --ids, or put it at {candidates[0]}"
+            )
+            raise BadInputError(f"{path}: no id -> row map for this bottom-up-attention-vqa file; {hint}")
+    ids = Path(ids)
+    if ids.suffix == ".json":
+        with open(ids, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if isinstance(data, dict):
+            mapping = {int(row): str(img_id) for img_id, row in data.items()}
+        elif isinstance(data, list):
+            mapping = {row: str(img_id) for row, img_id in enumerate(data)}
+        else:
+            raise BadInputError(f"{ids}: expected a JSON object {{id: row}} or a list of ids")
+    else:
+        with open(ids, encoding="utf-8") as fh:
+            mapping = {row: line.strip() for row, line in enumerate(fh) if line.strip()}
+    if len(set(mapping.values())) != len(mapping):
+        raise BadInputError(f"{ids}: the id map names some image twice")
+    return mapping
+
+
+def export_hdf5(src: FeatureReader, dst: str | os.PathLike, dtype: str = "float32") -> int:
+    """Padded (N, max_boxes, ...) datasets under the bottom-up-attention-vqa names plus every record field;
+    written to a temporary name and renamed at the end."""
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".partial")
+    ids = list(src.keys())
+    n, m, d = len(ids), src.max_boxes, src.feature_dim
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = H5_FORMAT
+        f.attrs["format_version"] = H5_FORMAT_VERSION
+        f.attrs["meta"] = json.dumps(src.meta, sort_keys=True)
+        f.create_dataset("img_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+        out = {
+            "img_h": f.create_dataset("img_h", (n,), "i4"),
+            "img_w": f.create_dataset("img_w", (n,), "i4"),
+            "num_boxes": f.create_dataset("num_boxes", (n,), "i4"),
+            "image_bb": f.create_dataset("image_bb", (n, m, 4), "f4"),
+            "spatial_features": f.create_dataset("spatial_features", (n, m, 6), "f4"),
+            "image_features": f.create_dataset(
+                "image_features", (n, m, d), dtype, chunks=(1, m, d) if n else None
+            ),
+            "objects_id": f.create_dataset("objects_id", (n, m), "i8"),
+            "objects_conf": f.create_dataset("objects_conf", (n, m), "f4"),
+            "attrs_id": f.create_dataset("attrs_id", (n, m), "i8"),
+            "attrs_conf": f.create_dataset("attrs_conf", (n, m), "f4"),
+        }
+        for row, img_id in enumerate(ids):
+            rec = src[img_id]
+            k = rec.num_boxes
+            out["img_h"][row], out["img_w"][row], out["num_boxes"][row] = rec.img_h, rec.img_w, k
+            if not k:
+                continue
+            out["image_bb"][row, :k] = rec.boxes
+            out["spatial_features"][row, :k] = _spatial(rec)
+            out["image_features"][row, :k] = rec.features
+            for name in _LABEL_FIELDS:
+                out[name][row, :k] = getattr(rec, name)
+    os.replace(tmp, dst)
+    return n
+
+
+def _spatial(rec: RegionFeatures) -> np.ndarray:
+    """bottom-up-attention-vqa's spatial features: x1/W, y1/H, x2/W, y2/H, w/W, h/H."""
+    b = rec.boxes.astype(np.float32)
+    scale = np.array([rec.img_w, rec.img_h, rec.img_w, rec.img_h], np.float32)
+    norm = b / scale
+    return np.concatenate([norm, norm[:, 2:3] - norm[:, 0:1], norm[:, 3:4] - norm[:, 1:2]], axis=1)

@@ -1,0 +1,116 @@
+"""Write records parsed from a foreign file into a store: duplicates, bad rows, `skip_bad`, provenance."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from storage.errors import BadInputError
+from storage.records import RegionFeatures
+from storage.writer import FeatureWriter
+
+log = logging.getLogger(__name__)
+_BAD_KEPT_IN_META = 100
+
+
+@dataclass
+class ImportReport:
+    written: int = 0
+    already_present: int = 0  # ids the store held before this run (a rerun resumes)
+    bad: list[str] = field(default_factory=list)  # one message per skipped line or row
+
+
+def import_records(
+    items: Iterable[tuple[str, RegionFeatures | BadInputError]],
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    dtype: str = "float16",
+    max_boxes: int = 36,
+    feature_dim: int | None = None,
+    skip_bad: bool = False,
+    replace: bool = False,
+    provenance: dict | None = None,
+) -> ImportReport:
+    """`items` are (where, record or the error found at `where`). Stops at the first bad item unless
+    `skip_bad`; records written before a stop stay committed, and a rerun skips them."""
+    report = ImportReport()
+    seen: dict[str, str] = {}
+    writer: FeatureWriter | None = None
+    try:
+        for where, item in items:
+            if isinstance(item, RegionFeatures):
+                if writer is not None:
+                    dim = writer.feature_dim
+                else:
+                    dim = feature_dim or (item.feature_dim if item.num_boxes else 2048)
+                item = _check(item, where, seen, dim, max_boxes)
+            if isinstance(item, BadInputError):
+                if not skip_bad:
+                    raise _stopped(item, report, dst)
+                log.warning("skipped: %s", item)
+                report.bad.append(str(item))
+                continue
+            if writer is None:
+                writer = FeatureWriter(
+                    dst, feature_dim=dim, max_boxes=max_boxes, dtype=dtype, replace=replace
+                )
+            try:
+                written = writer.put(item)
+            except ValueError as exc:
+                bad = BadInputError(f"{where}: {exc}")
+                if not skip_bad:
+                    raise _stopped(bad, report, dst) from None
+                report.bad.append(str(bad))
+                continue
+            report.written += written
+            report.already_present += not written
+        if writer is None:
+            if feature_dim is None:
+                raise BadInputError(f"{src}: no valid record to import (nothing written)")
+            writer = FeatureWriter(
+                dst, feature_dim=feature_dim, max_boxes=max_boxes, dtype=dtype, replace=replace
+            )
+        writer.update_meta(
+            {
+                "imported_from": {
+                    "path": str(Path(src).resolve()),
+                    "written": report.written,
+                    "already_present": report.already_present,
+                    "skipped_bad": len(report.bad),
+                    "bad": report.bad[:_BAD_KEPT_IN_META],
+                    **(provenance or {}),
+                }
+            }
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+    return report
+
+
+def _stopped(bad: BadInputError, report: ImportReport, dst: str | os.PathLike) -> BadInputError:
+    return BadInputError(
+        f"{bad}; the {report.written} records before it were written to {dst} (a rerun skips them); "
+        "fix the input or rerun with --skip-bad"
+    )
+
+
+def _check(
+    rec: RegionFeatures, where: str, seen: dict[str, str], feature_dim: int, max_boxes: int
+) -> RegionFeatures | BadInputError:
+    """The record, its zero-box features reshaped to the set's width, or the error that makes it bad."""
+    if rec.img_id in seen:
+        return BadInputError(f"{where}: duplicate id {rec.img_id!r}, first seen at {seen[rec.img_id]}")
+    if rec.num_boxes == 0:
+        rec.features = np.zeros((0, feature_dim), np.float32)
+    try:
+        rec.validate(feature_dim=feature_dim, max_boxes=max_boxes)
+    except ValueError as exc:
+        return BadInputError(f"{where}: {exc}")
+    seen[rec.img_id] = where
+    return rec

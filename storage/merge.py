@@ -1,0 +1,78 @@
+"""Combine several stores (extraction shards) into one."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from storage import codec
+from storage.errors import StoreError
+from storage.reader import FeatureReader
+from storage.writer import FeatureWriter
+
+log = logging.getLogger(__name__)
+
+
+class DuplicateIdError(StoreError, ValueError):
+    """Two sources hold the same image id."""
+
+
+def merge_stores(
+    srcs: Sequence[str | os.PathLike],
+    dst: str | os.PathLike,
+    first_wins: bool = False,
+    dtype: str | None = None,
+) -> int:
+    """Copy every record of `srcs` into `dst` and return how many were written. Ids held by several
+    sources are an error naming them (checked before anything is written) unless `first_wins`. `dst` may
+    be a previous, interrupted merge: the records it already holds are kept."""
+    readers = [FeatureReader(p) for p in srcs]
+    dims = {r.feature_dim for r in readers}
+    if len(dims) > 1:
+        raise StoreError(
+            f"sources hold features of different widths {sorted(dims)}: {[str(p) for p in srcs]}"
+        )
+    owner: dict[str, str] = {}
+    duplicates: dict[str, list[str]] = {}
+    for reader in readers:
+        for img_id in reader:
+            if img_id in owner:
+                duplicates.setdefault(img_id, [owner[img_id]]).append(str(reader.paths[0]))
+            else:
+                owner[img_id] = str(reader.paths[0])
+    if duplicates and not first_wins:
+        shown = "; ".join(f"{i!r} in {', '.join(p)}" for i, p in list(duplicates.items())[:10])
+        more = f" and {len(duplicates) - 10} more" if len(duplicates) > 10 else ""
+        raise DuplicateIdError(
+            f"{len(duplicates)} ids are held by several sources: {shown}{more}; "
+            "pass --first-wins to keep the copy from the first source listed"
+        )
+    out_dtype = dtype or readers[0].dtype
+    written = 0
+    with FeatureWriter(
+        dst,
+        feature_dim=dims.pop(),
+        max_boxes=max(r.max_boxes for r in readers),
+        dtype=out_dtype,
+        meta={
+            "merged_from": [
+                {"path": str(Path(p).resolve()), "count": len(r)} for p, r in zip(srcs, readers, strict=True)
+            ]
+        },
+    ) as writer:
+        for reader in readers:
+            source = str(reader.paths[0])
+            for _shard, key, value in reader.items_encoded():
+                img_id = key.decode("utf-8")
+                if owner[img_id] != source:
+                    continue
+                codec.check(value, key)
+                if reader.dtype == out_dtype:
+                    written += writer.put_encoded(img_id, value)
+                else:
+                    written += writer.put(reader[img_id])
+            log.info("%s: merged, %d records written so far", source, written)
+            reader.close()
+    return written

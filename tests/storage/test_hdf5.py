@@ -1,0 +1,125 @@
+"""HDF5: the bottom-up-attention-vqa layout with its id map forms, and xmodal's own export layout."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import h5py
+import numpy as np
+import pytest
+
+from pipelines.cli import main
+from storage import BadInputError, FeatureReader, FeatureWriter
+from storage.hdf5 import read_hdf5
+from storage.importer import import_records
+
+
+def write_butd(path, recs, adaptive=False):
+    """As bottom-up-attention-vqa's tools/detection_features_converter.py lays it out."""
+    bb = np.concatenate([r.boxes for r in recs]) if adaptive else np.stack([r.boxes for r in recs])
+    feats = np.concatenate([r.features for r in recs]) if adaptive else np.stack([r.features for r in recs])
+    spatial = []
+    for r in recs:
+        w, h = float(r.img_w), float(r.img_h)
+        bw, bh = r.boxes[:, 2] - r.boxes[:, 0], r.boxes[:, 3] - r.boxes[:, 1]
+        sx, sy = r.boxes[:, 0] / w, r.boxes[:, 1] / h
+        spatial.append(np.stack([sx, sy, sx + bw / w, sy + bh / h, bw / w, bh / h], 1))
+    with h5py.File(path, "w") as f:
+        f.create_dataset("image_features", data=feats, dtype="f")
+        f.create_dataset("image_bb", data=bb, dtype="f")
+        f.create_dataset(
+            "spatial_features", data=np.concatenate(spatial) if adaptive else np.stack(spatial), dtype="f"
+        )
+        if adaptive:
+            ends = np.cumsum([r.num_boxes for r in recs])
+            f.create_dataset("pos_boxes", data=np.stack([ends - [r.num_boxes for r in recs], ends], 1))
+
+
+def check_butd_import(dst, recs, same):
+    r = FeatureReader(dst)
+    assert len(r) == len(recs)
+    for rec in recs:
+        got = r[rec.img_id]
+        assert (got.img_h, got.img_w) == (rec.img_h, rec.img_w)
+        np.testing.assert_array_equal(got.boxes, rec.boxes)
+        np.testing.assert_array_equal(got.features, rec.features.astype(np.float16))
+        assert not got.objects_conf.any() and not got.attrs_conf.any()
+        assert got.objects_id.shape == (rec.num_boxes,)
+
+
+@pytest.mark.parametrize("form", ["imgid2idx_json", "ids_txt", "ids_json_list", "explicit"])
+def test_butd_layout_with_each_id_map_form(tmp_path, make_record, same, form):
+    recs = [make_record(i, img_id=str(100 + i)) for i in range(5)]
+    rows = [3, 0, 4, 1, 2]  # row of recs[i]
+    write_butd(tmp_path / "train36.hdf5", [recs[rows.index(k)] for k in range(5)])
+    by_row = [recs[rows.index(k)].img_id for k in range(5)]
+    ids = None
+    if form == "imgid2idx_json":
+        (tmp_path / "train36_imgid2idx.json").write_text(
+            json.dumps({r.img_id: rows[i] for i, r in enumerate(recs)})
+        )
+    elif form == "ids_txt":
+        (tmp_path / "train36_ids.txt").write_text("\n".join(by_row) + "\n")
+    elif form == "ids_json_list":
+        (tmp_path / "train36_ids.json").write_text(json.dumps(by_row))
+    else:
+        ids = tmp_path / "elsewhere.txt"
+        ids.write_text("\n".join(by_row))
+    report = import_records(read_hdf5(tmp_path / "train36.hdf5", ids=ids), "train36.hdf5", tmp_path / "s")
+    assert report.written == 5
+    check_butd_import(tmp_path / "s", recs, same)
+
+
+def test_butd_adaptive_layout_with_pos_boxes(tmp_path, make_record, same):
+    recs = [make_record(i, num_boxes=n) for i, n in enumerate([10, 36, 17])]
+    write_butd(tmp_path / "val.h5", recs, adaptive=True)
+    (tmp_path / "val_ids.txt").write_text("\n".join(r.img_id for r in recs))
+    assert main(["features", "import", str(tmp_path / "val.h5"), str(tmp_path / "s")]) == 0
+    check_butd_import(tmp_path / "s", recs, same)
+    assert FeatureReader(tmp_path / "s").max_boxes == 36  # the longest pos_boxes span
+
+
+def test_a_pickled_id_map_is_never_loaded(tmp_path, make_record):
+    write_butd(tmp_path / "train36.hdf5", [make_record(0)])
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "train36_imgid2idx.pkl").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(BadInputError, match="pickle, which xmodal never loads.*imgid2idx.json"):
+        list(read_hdf5(tmp_path / "train36.hdf5"))
+    assert not marker.exists()
+
+
+def test_own_export_round_trips_and_reads_as_butd(tmp_path, make_record, same):
+    recs = [make_record(i, num_boxes=n) for i, n in enumerate([36, 3, 0, 50])]
+    with FeatureWriter(tmp_path / "s", feature_dim=64, max_boxes=50, meta={"detector": "x"}) as w:
+        for rec in recs:
+            w.put(rec)
+    assert main(["features", "export", str(tmp_path / "s"), str(tmp_path / "out.h5")]) == 0
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert f["image_features"].shape == (4, 50, 64) and f["image_features"].dtype == np.float32
+        row = list(f["img_id"].asstr()[:]).index("img_000001")
+        np.testing.assert_array_equal(f["image_bb"][row, :3], recs[1].boxes)
+        assert not f["image_features"][row, 3:].any()
+        np.testing.assert_allclose(
+            f["spatial_features"][row, :3, 4],
+            (recs[1].boxes[:, 2] - recs[1].boxes[:, 0]) / recs[1].img_w,
+            rtol=1e-6,
+        )
+        assert json.loads(f.attrs["meta"])["provenance"] == {"detector": "x"}
+    assert main(["features", "import", str(tmp_path / "out.h5"), str(tmp_path / "back")]) == 0
+    r = FeatureReader(tmp_path / "back")
+    assert len(r) == 4 and r.max_boxes == 50
+    for rec in recs:
+        same(r[rec.img_id], rec)
+
+
+def test_unknown_hdf5_layout_is_named(tmp_path):
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["something"] = np.zeros(3)
+    with pytest.raises(BadInputError, match="something"):
+        list(read_hdf5(tmp_path / "x.h5"))

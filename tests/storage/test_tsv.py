@@ -1,0 +1,186 @@
+"""LXMERT TSV: exports read by the original loader's logic, imports stream with precise errors."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import sys
+
+import numpy as np
+import pytest
+
+from pipelines.cli import main
+from storage import BadInputError, FeatureReader, FeatureWriter
+from storage.importer import import_records
+from storage.tsv import export_tsv, read_tsv
+
+# The original LXMERT loader (src/utils.py load_obj_tsv), restated for the test.
+FIELDNAMES = [
+    "img_id",
+    "img_h",
+    "img_w",
+    "objects_id",
+    "objects_conf",
+    "attrs_id",
+    "attrs_conf",
+    "num_boxes",
+    "boxes",
+    "features",
+]
+
+
+def lxmert_load_obj_tsv(fname):
+    csv.field_size_limit(sys.maxsize)
+    data = []
+    with open(fname) as f:
+        for item in csv.DictReader(f, FIELDNAMES, delimiter="\t"):
+            for key in ["img_h", "img_w", "num_boxes"]:
+                item[key] = int(item[key])
+            boxes = item["num_boxes"]
+            decode_config = [
+                ("objects_id", (boxes,), np.int64),
+                ("objects_conf", (boxes,), np.float32),
+                ("attrs_id", (boxes,), np.int64),
+                ("attrs_conf", (boxes,), np.float32),
+                ("boxes", (boxes, 4), np.float32),
+                ("features", (boxes, -1), np.float32),
+            ]
+            for key, shape, dtype in decode_config:
+                item[key] = np.frombuffer(base64.b64decode(item[key]), dtype=dtype).reshape(shape)
+            data.append(item)
+    return data
+
+
+def tsv_line(rec, **override) -> str:
+    """An independent writer of one LXMERT TSV line; `override` replaces raw field strings."""
+
+    def b64(a, dt):
+        return base64.b64encode(np.asarray(a, dt).tobytes()).decode()
+
+    fields = {
+        "img_id": rec.img_id,
+        "img_h": str(rec.img_h),
+        "img_w": str(rec.img_w),
+        "objects_id": b64(rec.objects_id, "<i8"),
+        "objects_conf": b64(rec.objects_conf, "<f4"),
+        "attrs_id": b64(rec.attrs_id, "<i8"),
+        "attrs_conf": b64(rec.attrs_conf, "<f4"),
+        "num_boxes": str(rec.num_boxes),
+        "boxes": b64(rec.boxes, "<f4"),
+        "features": b64(rec.features, "<f4"),
+    }
+    fields.update(override)
+    return "\t".join(fields[k] for k in FIELDNAMES) + "\n"
+
+
+def test_export_is_read_by_the_lxmert_loader(tmp_path, make_record):
+    recs = [make_record(i, num_boxes=36 if i % 2 else 10) for i in range(6)]
+    with FeatureWriter(tmp_path / "s", feature_dim=64) as w:
+        for rec in recs:
+            w.put(rec)
+    assert export_tsv(FeatureReader(tmp_path / "s"), tmp_path / "out.tsv") == 6
+    loaded = lxmert_load_obj_tsv(tmp_path / "out.tsv")
+    assert [item["img_id"] for item in loaded] == [r.img_id for r in recs]
+    for item, rec in zip(loaded, recs, strict=True):
+        assert (item["img_h"], item["img_w"], item["num_boxes"]) == (rec.img_h, rec.img_w, rec.num_boxes)
+        for key in ("objects_id", "objects_conf", "attrs_id", "attrs_conf", "boxes", "features"):
+            np.testing.assert_array_equal(item[key], getattr(rec, key), err_msg=key)
+        assert item["features"].dtype == np.float32
+    assert not (tmp_path / "out.tsv.partial").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_import_of_a_handwritten_tsv_then_export_round_trips(tmp_path, make_record, same, dtype):
+    recs = [make_record(i, num_boxes=n) for i, n in enumerate([36, 1, 0, 20])]
+    (tmp_path / "in.tsv").write_text("".join(tsv_line(r) for r in recs) + "\n")
+    report = import_records(read_tsv(tmp_path / "in.tsv"), tmp_path / "in.tsv", tmp_path / "s", dtype=dtype)
+    assert (report.written, report.bad) == (4, [])
+    r = FeatureReader(tmp_path / "s")
+    for rec in recs:
+        same(r[rec.img_id], rec)
+    assert r.meta["provenance"]["imported_from"]["written"] == 4
+    export_tsv(r, tmp_path / "out.tsv")
+    assert sorted((tmp_path / "out.tsv").read_text().splitlines()) == sorted(
+        tsv_line(x).rstrip("\n") for x in recs
+    )
+
+
+def _bad_lines(rec, feats_b64, make_record):
+    return {
+        "truncated": tsv_line(rec).rstrip("\n")[: -len(feats_b64) // 2] + "\n",
+        "fields": "\t".join(tsv_line(rec).split("\t")[:7]) + "\n",
+        "base64_length": tsv_line(rec, objects_conf=base64.b64encode(bytes(8)).decode()),
+        "base64_chars": tsv_line(rec, attrs_id="@@@@"),
+        "not_int": tsv_line(rec, img_h="tall"),
+        "too_many_boxes": tsv_line(make_record(7, num_boxes=40, img_id=rec.img_id)),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind,match",
+    [
+        ("truncated", "base64|bytes"),
+        ("fields", "expected 10 tab-separated fields, got 7"),
+        ("base64_length", "objects_conf: base64 decodes to 8 bytes, expected 144"),
+        ("base64_chars", "attrs_id is not valid base64"),
+        ("not_int", "img_h"),
+        ("too_many_boxes", "40 boxes exceed"),
+        ("duplicate", "duplicate id 'img_000001', first seen at .* line 2"),
+    ],
+)
+def test_malformed_lines_name_the_line_and_id_and_stop_cleanly(tmp_path, make_record, same, kind, match):
+    good = [make_record(i) for i in range(4)]
+    bad_rec = make_record(1) if kind == "duplicate" else make_record(9)
+    bad = (
+        tsv_line(bad_rec)
+        if kind == "duplicate"
+        else _bad_lines(bad_rec, tsv_line(bad_rec).split("\t")[-1], make_record)[kind]
+    )
+    (tmp_path / "in.tsv").write_text(
+        "".join(tsv_line(r) for r in good[:2]) + bad + tsv_line(good[2]) + tsv_line(good[3])
+    )
+    with pytest.raises(
+        BadInputError, match=rf"in\.tsv line 3 \(id '{bad_rec.img_id}'\).*{match}.*--skip-bad"
+    ):
+        import_records(read_tsv(tmp_path / "in.tsv"), tmp_path / "in.tsv", tmp_path / "s")
+    r = FeatureReader(tmp_path / "s")
+    assert list(r.keys()) == [good[0].img_id, good[1].img_id]
+    same(r[good[1].img_id], good[1])
+
+    report = import_records(read_tsv(tmp_path / "in.tsv"), tmp_path / "in.tsv", tmp_path / "s", skip_bad=True)
+    assert (report.written, report.already_present, len(report.bad)) == (2, 2, 1)
+    assert "line 3" in report.bad[0]
+    r = FeatureReader(tmp_path / "s")
+    assert list(r.keys()) == [g.img_id for g in good]
+    for g in good:
+        same(r[g.img_id], g)
+    assert r.meta["provenance"]["imported_from"]["bad"] == report.bad
+
+
+def test_cli_import_reports_the_bad_line_and_exits_1(tmp_path, make_record, caplog):
+    rec = make_record(0)
+    (tmp_path / "in.tsv").write_text(tsv_line(rec) + tsv_line(make_record(1), num_boxes="35"))
+    assert main(["features", "import", str(tmp_path / "in.tsv"), str(tmp_path / "s")]) == 1
+    assert "line 2 (id 'img_000001')" in caplog.text
+    assert main(["features", "import", "--skip-bad", str(tmp_path / "in.tsv"), str(tmp_path / "s2")]) == 0
+    assert list(FeatureReader(tmp_path / "s2").keys()) == ["img_000000"]
+
+
+def test_ids_that_cannot_go_in_a_tsv_are_refused(tmp_path, make_record):
+    with FeatureWriter(tmp_path / "s", feature_dim=64) as w:
+        w.put(make_record(0, img_id="tab\there"))
+    with pytest.raises(ValueError, match="tab"):
+        export_tsv(FeatureReader(tmp_path / "s"), tmp_path / "out.tsv")
+    assert not (tmp_path / "out.tsv").exists() and not (tmp_path / "out.tsv.partial").exists()
+
+
+def test_cli_import_into_an_existing_store_takes_its_shapes(tmp_path, make_record, same):
+    with FeatureWriter(tmp_path / "s", feature_dim=64, max_boxes=50, dtype="float32") as w:
+        w.put(make_record(0))
+    rec = make_record(1, num_boxes=45)
+    rec.features += np.float32(1e-3)  # not representable in float16
+    (tmp_path / "in.tsv").write_text(tsv_line(make_record(0)) + tsv_line(rec))
+    assert main(["features", "import", str(tmp_path / "in.tsv"), str(tmp_path / "s")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    assert len(r) == 2 and r.dtype == "float32"
+    same(r[rec.img_id], rec)
