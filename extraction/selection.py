@@ -1,0 +1,122 @@
+"""Choosing the regions to keep from the scored proposals: the caffe, maxnms and threshold rules.
+
+All rules take one image's proposals (R, 4), class probabilities (R, C+1) with background last and,
+for maxnms/threshold, the class-specific regressed boxes (R, C, 4), all in network-input pixels.
+NMS is torchvision's (detectron2's IoU, no "+1"). Fewer than `min_boxes` regions are returned as they
+are when the image does not have more; nothing is padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchvision.ops import batched_nms, nms
+
+from extraction.config import SelectionConfig
+
+CAFFE_FLOORS = (0.05, 0.01, 0.0)
+
+
+@dataclass
+class Selection:
+    """The kept regions: proposal index (its pooled feature), box, foreground class and its probability."""
+
+    index: torch.Tensor  # (N,) int64 into the proposals
+    boxes: torch.Tensor  # (N, 4) float32
+    classes: torch.Tensor  # (N,) int64 in 0..C-1
+    scores: torch.Tensor  # (N,) float32
+
+
+def select(
+    proposals: torch.Tensor, probs: torch.Tensor, pred_boxes: torch.Tensor | None, cfg: SelectionConfig
+) -> Selection:
+    if cfg.rule == "caffe":
+        return select_caffe(proposals, probs, cfg)
+    if pred_boxes is None:
+        raise ValueError(f"selection rule {cfg.rule!r} needs the regressed boxes")
+    if cfg.rule == "maxnms":
+        return select_maxnms(probs, pred_boxes, cfg)
+    return select_threshold(probs, pred_boxes, cfg)
+
+
+def per_class_max_conf(
+    boxes: torch.Tensor, fg: torch.Tensor, nms_thresh: float, floor: float = 0.0
+) -> torch.Tensor:
+    """For each box, the best p(c) over the classes c whose NMS (all boxes, scored by p(c)) kept it.
+
+    Only pairs with p(c) >= `floor` take part: a lower-scored box never suppresses a higher one, so
+    the result is exact for every box whose max_conf reaches `floor`; the others get 0.
+    """
+    max_conf = fg.new_zeros(fg.shape[0])
+    rows, cols = torch.nonzero(fg >= floor, as_tuple=True)
+    cols, order = cols.sort(stable=True)
+    rows = rows[order]
+    classes, counts = torch.unique_consecutive(cols, return_counts=True)
+    for c, idx in zip(classes.tolist(), rows.split(counts.tolist()), strict=True):
+        keep = idx[nms(boxes[idx], fg[idx, c], nms_thresh)]
+        max_conf[keep] = torch.maximum(max_conf[keep], fg[keep, c])
+    return max_conf
+
+
+def select_caffe(proposals: torch.Tensor, probs: torch.Tensor, cfg: SelectionConfig) -> Selection:
+    """bottom-up-attention generate_tsv: per-class NMS over the unregressed proposals, keep by max_conf.
+
+    Boxes are the proposals; classes/scores are each proposal's best foreground class. As in the
+    reference, the kept set is in proposal order unless it had to be clamped to [min, max] boxes,
+    which happens in max_conf order.
+    """
+    fg = probs[:, :-1]
+    # 1600 NMS runs over all proposals are costly; pairs below a floor cannot change the boxes kept
+    # as long as enough boxes reach it, so the floor is lowered only when needed
+    for floor in sorted({cfg.conf_thresh, *(f for f in CAFFE_FLOORS if f < cfg.conf_thresh)}, reverse=True):
+        max_conf = per_class_max_conf(proposals, fg, cfg.nms_thresh, floor)
+        passing = int((max_conf >= cfg.conf_thresh).sum())
+        if floor == 0 or passing >= cfg.min_boxes or int((max_conf >= floor).sum()) >= cfg.min_boxes:
+            break
+    keep = torch.nonzero(max_conf >= cfg.conf_thresh).flatten()
+    if keep.numel() < cfg.min_boxes or keep.numel() > cfg.max_boxes:
+        by_conf = max_conf.argsort(descending=True, stable=True)
+        keep = by_conf[: cfg.min_boxes] if keep.numel() < cfg.min_boxes else by_conf[: cfg.max_boxes]
+    scores, classes = fg[keep].max(dim=1)
+    return Selection(keep, proposals[keep], classes, scores)
+
+
+def select_maxnms(probs: torch.Tensor, pred_boxes: torch.Tensor, cfg: SelectionConfig) -> Selection:
+    """py-bottom-up-attention style: best class per proposal and its box; class-agnostic NMS at rising
+    IoU thresholds until min_boxes survive; the top max_boxes by score."""
+    fg = probs[:, :-1]
+    scores, classes = fg.max(dim=1)
+    boxes = pred_boxes[torch.arange(fg.shape[0], device=fg.device), classes]
+    keep = torch.zeros(0, dtype=torch.long, device=fg.device)
+    for thresh in cfg.maxnms_thresholds:
+        keep = nms(boxes, scores, thresh)
+        if keep.numel() >= cfg.min_boxes:
+            break
+    keep = keep[: cfg.max_boxes]
+    return Selection(keep, boxes[keep], classes[keep], scores[keep])
+
+
+def select_threshold(probs: torch.Tensor, pred_boxes: torch.Tensor, cfg: SelectionConfig) -> Selection:
+    """detectron2 fast_rcnn_inference: (proposal, class) pairs above score_thresh, per-class NMS, top
+    max_boxes. When fewer than min_boxes pass, the best pairs below the threshold that survive the
+    same NMS fill up to min_boxes (lower pairs never suppress higher ones, so the passing set is kept)."""
+    fg = probs[:, :-1]
+    keep_idx, keep = _per_class_nms(fg, pred_boxes, fg > cfg.score_thresh, cfg.nms_thresh)
+    if keep.numel() >= cfg.min_boxes:
+        keep = keep[: cfg.max_boxes]
+    else:
+        keep_idx, keep = _per_class_nms(fg, pred_boxes, torch.ones_like(fg, dtype=torch.bool), cfg.nms_thresh)
+        keep = keep[: cfg.min_boxes]
+    rows, cols = keep_idx[keep, 0], keep_idx[keep, 1]
+    return Selection(rows, pred_boxes[rows, cols], cols, fg[rows, cols])
+
+
+def _per_class_nms(
+    fg: torch.Tensor, pred_boxes: torch.Tensor, mask: torch.Tensor, nms_thresh: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pairs (K, 2) of (proposal, class) under `mask`, indices of the survivors by decreasing score)."""
+    pairs = torch.nonzero(mask)
+    rows, cols = pairs[:, 0], pairs[:, 1]
+    keep = batched_nms(pred_boxes[rows, cols], fg[rows, cols], cols, nms_thresh)
+    return pairs, keep

@@ -1,0 +1,207 @@
+"""Detector checkpoints: detectron2 .pkl (restricted unpickler), HuggingFace .bin, safetensors.
+
+Names and shapes are checked against the model; a report lists every missing, unexpected and
+mismatched name, and loading refuses unless `strict=False`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+ANCHORS_KEY = "proposal_generator.anchor_generator.cell_anchors.0"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the detector."""
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """Rebuilds numpy arrays and plain containers; any other global is refused, so nothing runs."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("collections", "OrderedDict"),
+        ("_codecs", "encode"),  # how Python 3 pickles bytes at protocol 2 (array data)
+        ("builtins", "bytes"),
+        ("__builtin__", "bytes"),
+        ("builtins", "bytearray"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: only numpy arrays and plain containers are allowed"
+        )
+
+
+@dataclass
+class LoadReport:
+    """How a checkpoint's names and shapes compare with the model's."""
+
+    source: str
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)  # "name: checkpoint (a, b) vs model (c, d)"
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def summary(self) -> dict:
+        return {k: len(getattr(self, k)) for k in ("missing", "unexpected", "mismatched", "ignored")}
+
+    def __str__(self) -> str:
+        lines = [f"checkpoint {self.source}:"]
+        for kind in ("missing", "unexpected", "mismatched"):
+            names = getattr(self, kind)
+            if names:
+                lines.append(f"  {len(names)} {kind}:")
+                lines.extend(f"    {n}" for n in names)
+        if len(lines) == 1:
+            lines.append("  all names and shapes match")
+        return "\n".join(lines)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """The {name: tensor} state of a detectron2 .pkl, a torch .bin/.pt/.pth or a .safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"detector checkpoint {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in PICKLE_SUFFIXES:
+            with open(path, "rb") as f:
+                obj = _ArraysOnlyUnpickler(io.BufferedReader(f), encoding="latin1").load()
+        elif suffix in TORCH_SUFFIXES:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        elif suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            obj = load_file(path)
+        else:
+            raise CheckpointError(
+                f"detector checkpoint {str(path)!r}: unknown suffix {suffix!r}; "
+                f"use {PICKLE_SUFFIXES + TORCH_SUFFIXES + ('.safetensors',)}"
+            )
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"detector checkpoint {str(path)!r} cannot be read: {exc}") from exc
+    return _as_state(obj, path)
+
+
+def _as_state(obj, path: Path) -> dict[str, torch.Tensor]:
+    if isinstance(obj, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict):
+        raise CheckpointError(
+            f"detector checkpoint {str(path)!r} holds a {type(obj).__name__}, not a state dict"
+        )
+    if "blobs" in obj:
+        raise CheckpointError(f"{str(path)!r} is a caffe2 Detectron checkpoint; use the detectron2 .pkl")
+    state = {}
+    for name, value in obj.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "fiub":
+            state[str(name)] = torch.from_numpy(np.ascontiguousarray(value))
+        elif isinstance(value, torch.Tensor):
+            state[str(name)] = value
+        else:
+            raise CheckpointError(
+                f"detector checkpoint {str(path)!r}: entry {name!r} is a {type(value).__name__}, not an array"
+            )
+    return state
+
+
+def check_state(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
+    """Compare names and shapes; `num_batches_tracked` and the anchor buffer are ignored (anchors
+    only when they equal the model's)."""
+    expected = model.state_dict()
+    report = LoadReport(source)
+    for name, tensor in state.items():
+        if name.endswith("num_batches_tracked"):
+            report.ignored.append(name)
+        elif name == ANCHORS_KEY:
+            ours = model.proposal_generator.anchor_generator.cell_anchors
+            if tuple(tensor.shape) == tuple(ours.shape) and (
+                ours.is_meta or torch.allclose(tensor.float(), ours.float().cpu(), atol=1e-3)
+            ):
+                report.ignored.append(name)
+            else:
+                report.mismatched.append(f"{name}: the checkpoint's anchors differ from the preset's")
+        elif name not in expected:
+            report.unexpected.append(name)
+        elif tuple(tensor.shape) != tuple(expected[name].shape):
+            report.mismatched.append(
+                f"{name}: checkpoint {tuple(tensor.shape)} vs model {tuple(expected[name].shape)}"
+            )
+    report.missing = [name for name in expected if name not in state]
+    return report
+
+
+def load_detector_weights(model: nn.Module, path: str | Path, strict: bool = True) -> LoadReport:
+    """Load a checkpoint into `model`; raises CheckpointError listing the problems unless strict=False."""
+    state = read_checkpoint(path)
+    report = check_state(model, state, str(path))
+    if not report.ok:
+        if strict:
+            raise CheckpointError(f"{report}\nfix the checkpoint or pass strict=False to load it anyway")
+        log.warning("%s\nloading the matching tensors only (strict=False)", report)
+    bad = set(report.unexpected) | {m.split(":")[0] for m in report.mismatched}
+    usable = {k: v for k, v in state.items() if k not in bad and k not in report.ignored}
+    model.load_state_dict(usable, strict=False)
+    return report
+
+
+def convert_detector_checkpoint(src: str | Path, dst: str | Path, strict: bool = True) -> LoadReport:
+    """Check a detectron2 .pkl / HuggingFace .bin / safetensors checkpoint and write it as safetensors."""
+    from safetensors.torch import save_file
+
+    from extraction.config import DetectorConfig
+    from extraction.rcnn import VGFasterRCNN
+
+    with torch.device("meta"):
+        model = VGFasterRCNN(DetectorConfig())
+    state = read_checkpoint(src)
+    report = check_state(model, state, str(src))
+    if not report.ok:
+        if strict:
+            raise CheckpointError(f"{report}\nfix the checkpoint or pass strict=False (--no-strict)")
+        log.warning("%s\nwriting the matching tensors only (strict=False)", report)
+    expected = model.state_dict()
+    out = {
+        k: v.contiguous()
+        for k, v in state.items()
+        if k in expected and tuple(v.shape) == tuple(expected[k].shape)
+    }
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    save_file(out, str(tmp), metadata={"format": "xmodal-detector-r101-c4", "source": Path(src).name})
+    os.replace(tmp, dst)
+    log.info("wrote %d tensors to %s", len(out), dst)
+    return report

@@ -1,0 +1,157 @@
+"""The three region-selection rules agree with brute-force re-implementations on random score tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from extraction.config import SelectionConfig
+from extraction.selection import per_class_max_conf, select_caffe, select_maxnms, select_threshold
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    iw = min(a[2], b[2]) - max(a[0], b[0])
+    ih = min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(iw, 0.0) * max(ih, 0.0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def greedy_nms(boxes: np.ndarray, scores: np.ndarray, thresh: float) -> list[int]:
+    kept: list[int] = []
+    for i in sorted(range(len(scores)), key=lambda i: -scores[i]):
+        if all(iou(boxes[i], boxes[k]) <= thresh for k in kept):
+            kept.append(i)
+    return kept
+
+
+def brute_caffe(boxes, probs, cfg):
+    fg = probs[:, :-1]
+    max_conf = np.zeros(len(boxes))
+    for c in range(fg.shape[1]):
+        for k in greedy_nms(boxes, fg[:, c], cfg.nms_thresh):
+            max_conf[k] = max(max_conf[k], fg[k, c])
+    keep = [i for i in range(len(boxes)) if max_conf[i] >= cfg.conf_thresh]
+    by_conf = sorted(range(len(boxes)), key=lambda i: -max_conf[i])
+    if len(keep) < cfg.min_boxes:
+        keep = by_conf[: cfg.min_boxes]
+    elif len(keep) > cfg.max_boxes:
+        keep = by_conf[: cfg.max_boxes]
+    return keep, [int(fg[i].argmax()) for i in keep]
+
+
+def brute_maxnms(probs, pred_boxes, cfg):
+    fg = probs[:, :-1]
+    cls = [int(fg[i].argmax()) for i in range(len(fg))]
+    boxes = np.stack([pred_boxes[i, c] for i, c in enumerate(cls)])
+    scores = np.array([fg[i, c] for i, c in enumerate(cls)])
+    for t in cfg.maxnms_thresholds:
+        keep = greedy_nms(boxes, scores, t)
+        if len(keep) >= cfg.min_boxes:
+            break
+    keep = keep[: cfg.max_boxes]
+    return keep, [cls[i] for i in keep]
+
+
+def brute_threshold(probs, pred_boxes, cfg):
+    fg = probs[:, :-1]
+
+    def survivors(thresh):
+        out = []
+        for c in range(fg.shape[1]):
+            rows = [i for i in range(len(fg)) if fg[i, c] > thresh]
+            for j in greedy_nms(pred_boxes[rows, c], fg[rows, c], cfg.nms_thresh):
+                out.append((fg[rows[j], c], rows[j], c))
+        return sorted(out, key=lambda t: -t[0])
+
+    passing = survivors(cfg.score_thresh)
+    if len(passing) >= cfg.min_boxes:
+        chosen = passing[: cfg.max_boxes]
+    else:
+        chosen = survivors(-1.0)[: cfg.min_boxes]
+        assert chosen[: len(passing)] == passing
+    return [r for _, r, _ in chosen], [c for _, _, c in chosen]
+
+
+def score_table(seed: int, num: int = 40, classes: int = 25, temperature: float = 3.0):
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(0, 200, size=(6, 2))
+    xy = centres[rng.integers(0, 6, num)] + rng.normal(0, 15, size=(num, 2))
+    wh = rng.uniform(10, 60, size=(num, 2))
+    boxes = np.concatenate([xy, xy + wh], axis=1).astype(np.float32)
+    logits = rng.normal(0, temperature, size=(num, classes + 1))
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    pred = boxes[:, None, :] + rng.normal(0, 8, size=(num, classes, 4)).astype(np.float32)
+    pred = np.concatenate([pred[..., :2], np.maximum(pred[..., 2:], pred[..., :2] + 1)], axis=-1)
+    return boxes, probs.astype(np.float32), pred.astype(np.float32)
+
+
+# temperatures from near-uniform (nothing reaches 0.2: min_boxes fill-up) to peaked (clamped to max_boxes)
+SETTINGS = [(0.3, 12, 20), (1.0, 5, 10), (1.5, 20, 30), (3.0, 10, 20), (6.0, 3, 8)]
+CASES = [(seed, temp, lo, hi) for seed in range(5) for temp, lo, hi in SETTINGS]
+
+
+@pytest.mark.parametrize(("seed", "temperature", "min_boxes", "max_boxes"), CASES)
+def test_caffe_rule_matches_brute_force(seed, temperature, min_boxes, max_boxes):
+    boxes, probs, _ = score_table(seed, temperature=temperature)
+    cfg = SelectionConfig("caffe", min_boxes, max_boxes)
+    got = select_caffe(torch.from_numpy(boxes), torch.from_numpy(probs), cfg)
+    keep, classes = brute_caffe(boxes, probs, cfg)
+    assert got.index.tolist() == keep
+    assert got.classes.tolist() == classes
+    np.testing.assert_array_equal(got.boxes.numpy(), boxes[keep])
+    np.testing.assert_allclose(got.scores.numpy(), probs[keep, :-1].max(1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("floor", [0.2, 0.05, 0.0])
+def test_max_conf_with_floor_is_exact_above_the_floor(floor):
+    boxes, probs, _ = score_table(11, temperature=3.0)
+    full = per_class_max_conf(torch.from_numpy(boxes), torch.from_numpy(probs[:, :-1]), 0.3)
+    part = per_class_max_conf(torch.from_numpy(boxes), torch.from_numpy(probs[:, :-1]), 0.3, floor)
+    known = full >= floor
+    assert torch.equal(part[known], full[known])
+    assert bool((part[~known] == 0).all())
+
+
+@pytest.mark.parametrize(("seed", "temperature", "min_boxes", "max_boxes"), CASES)
+def test_maxnms_rule_matches_brute_force(seed, temperature, min_boxes, max_boxes):
+    _, probs, pred = score_table(seed, temperature=temperature)
+    cfg = SelectionConfig("maxnms", min_boxes, max_boxes)
+    got = select_maxnms(torch.from_numpy(probs), torch.from_numpy(pred), cfg)
+    keep, classes = brute_maxnms(probs, pred, cfg)
+    assert got.index.tolist() == keep
+    assert got.classes.tolist() == classes
+    np.testing.assert_array_equal(got.boxes.numpy(), pred[keep, classes])
+
+
+@pytest.mark.parametrize(("seed", "temperature", "min_boxes", "max_boxes"), CASES)
+def test_threshold_rule_matches_brute_force(seed, temperature, min_boxes, max_boxes):
+    _, probs, pred = score_table(seed, temperature=temperature)
+    cfg = SelectionConfig("threshold", min_boxes, max_boxes)
+    got = select_threshold(torch.from_numpy(probs), torch.from_numpy(pred), cfg)
+    keep, classes = brute_threshold(probs, pred, cfg)
+    assert got.index.tolist() == keep
+    assert got.classes.tolist() == classes
+    np.testing.assert_array_equal(got.boxes.numpy(), pred[keep, classes])
+    np.testing.assert_allclose(got.scores.numpy(), probs[keep, classes], rtol=1e-6)
+
+
+def test_rules_return_fewer_than_min_when_the_image_has_fewer():
+    boxes, probs, pred = score_table(3, num=5)
+    for rule in ("caffe", "maxnms"):
+        cfg = SelectionConfig(rule, 36, 36)
+        got = (
+            select_caffe(torch.from_numpy(boxes), torch.from_numpy(probs), cfg)
+            if rule == "caffe"
+            else (select_maxnms(torch.from_numpy(probs), torch.from_numpy(pred), cfg))
+        )
+        assert 0 < got.index.numel() <= 5
+
+
+def test_rules_accept_no_proposals():
+    probs = torch.zeros(0, 26)
+    pred = torch.zeros(0, 25, 4)
+    for fn in (select_maxnms, select_threshold):
+        assert fn(probs, pred, SelectionConfig("maxnms")).index.numel() == 0
+    assert select_caffe(torch.zeros(0, 4), probs, SelectionConfig()).index.numel() == 0
