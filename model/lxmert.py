@@ -1,0 +1,105 @@
+"""`Lxmert`: the language, object-relationship and cross-modality encoders with the [CLS] pooler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import key_padding_mask
+from .checkpoint import PretrainedMixin
+from .config import LxmertConfig
+from .embeddings import ObjectEmbeddings, TextEmbeddings
+from .encoders import CrossLayer, EncoderLayer
+from .heads import Pooler
+
+
+@dataclass
+class LxmertOutput:
+    """Final states; `attentions` holds, per cross layer, language->vision weights (B, heads, L, N)."""
+
+    language_output: torch.Tensor
+    vision_output: torch.Tensor
+    pooled_output: torch.Tensor
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT initialisation: normal(0, std) weights, zero biases, unit LayerNorm."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, 0.0, std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, 0.0, std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class Lxmert(PretrainedMixin, nn.Module):
+    """The LXMERT backbone: text and object embeddings, 9 + 5 + 5 layers, pooler."""
+
+    backbone_prefix = ""
+
+    def __init__(self, cfg: LxmertConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = TextEmbeddings(cfg)
+        self.object_embeddings = ObjectEmbeddings(cfg)
+        self.lang_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.l_layers))
+        self.object_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.r_layers))
+        self.cross_layers = nn.ModuleList(CrossLayer(cfg) for _ in range(cfg.x_layers))
+        self.pooler = Pooler(cfg)
+        self.apply(lambda m: init_weights(m, cfg.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        visual_feats: torch.Tensor | None = None,
+        visual_pos: torch.Tensor | None = None,
+        visual_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> LxmertOutput:
+        """input_ids (B, L); attention_mask (B, L) 1 = token, 0 = padding; visual_feats (B, N, D);
+        visual_pos (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real box."""
+        self._check_inputs(input_ids, visual_feats, visual_pos)
+        lang_mask = key_padding_mask(attention_mask)
+        vision_mask = key_padding_mask(visual_attention_mask)
+        lang = self.embeddings(input_ids, token_type_ids)
+        vision = self.object_embeddings(visual_feats, visual_pos)
+        for layer in self.lang_layers:
+            lang = layer(lang, lang_mask)
+        for layer in self.object_layers:
+            vision = layer(vision, vision_mask)
+        attentions = []
+        for layer in self.cross_layers:
+            lang, vision, probs = layer(lang, lang_mask, vision, vision_mask, output_attentions)
+            attentions.append(probs)
+        return LxmertOutput(
+            language_output=lang,
+            vision_output=vision,
+            pooled_output=self.pooler(lang),
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+    def _check_inputs(
+        self, input_ids: torch.Tensor, visual_feats: torch.Tensor | None, visual_pos: torch.Tensor | None
+    ) -> None:
+        cfg = self.config
+        if visual_feats is None or visual_pos is None:
+            raise ValueError("LXMERT needs visual_feats (B, N, D) and visual_pos (B, N, 4)")
+        if visual_feats.shape[-1] != cfg.visual_feat_dim or visual_pos.shape[-1] != cfg.visual_pos_dim:
+            raise ValueError(
+                f"visual_feats {tuple(visual_feats.shape)} / visual_pos {tuple(visual_pos.shape)} "
+                f"do not end in "
+                f"visual_feat_dim={cfg.visual_feat_dim} / visual_pos_dim={cfg.visual_pos_dim}"
+            )
+        if visual_feats.shape[:2] != visual_pos.shape[:2] or visual_feats.shape[0] != input_ids.shape[0]:
+            raise ValueError(
+                f"batch/box counts disagree: input_ids {tuple(input_ids.shape)}, "
+                f"visual_feats {tuple(visual_feats.shape)}, visual_pos {tuple(visual_pos.shape)}"
+            )

@@ -1,0 +1,184 @@
+"""Benchmark: one LXMERT pre-training step (forward, five losses + QA, backward, AdamW) on CPU, fp32.
+
+xmodal's `LxmertForPreTraining` against `transformers.LxmertForPreTraining` with the same weights, inputs
+and losses, alternating step by step in one process; peak memory (max RSS) of each measured in a child
+process of its own. Prints a table and one JSON line; `ratio` = ours / transformers steps per second.
+
+    .venv/bin/python tests/benchmarks/bench_model.py            # base config, batch 32, 20 tokens, 36 boxes
+    .venv/bin/python tests/benchmarks/bench_model.py --quick    # batch 8, fewer steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from model import LxmertConfig, LxmertForPreTraining  # noqa: E402
+from model.convert import to_hf_state  # noqa: E402
+
+HF_FIELDS = (
+    "vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "l_layers", "r_layers",
+    "x_layers", "visual_feat_dim", "num_object_labels", "num_attr_labels", "num_qa_labels",
+)  # fmt: skip
+
+
+def make_batch(cfg: LxmertConfig, batch: int, tokens: int, boxes: int, seed: int = 0) -> dict:
+    """A realistic pre-training batch: padded sentences, 15% masked tokens/objects, some QA labels."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(tokens // 2, tokens + 1, (batch,), generator=g)
+    pos = torch.arange(tokens)
+    attention_mask = (pos[None] < lengths[:, None]).long()
+    inner = (pos[None] > 0) & (pos[None] < lengths[:, None] - 1)
+    picked = inner & (torch.rand(batch, tokens, generator=g) < 0.15)
+    picked[:, 1] = True  # at least one masked token per sentence
+    input_ids = torch.randint(1000, cfg.vocab_size, (batch, tokens), generator=g) * attention_mask
+    masked_boxes = (torch.rand(batch, boxes, generator=g) < 0.15).float()
+    answers = torch.randint(0, cfg.num_qa_labels, (batch,), generator=g)
+    answers[torch.rand(batch, generator=g) < 0.5] = -100
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": torch.zeros_like(input_ids),
+        "visual_feats": torch.rand(batch, boxes, cfg.visual_feat_dim, generator=g),
+        "visual_pos": torch.rand(batch, boxes, 4, generator=g),
+        "lm_labels": torch.where(
+            picked, torch.randint(0, cfg.vocab_size, (batch, tokens), generator=g), -100
+        ),
+        "matched_labels": torch.randint(0, 2, (batch,), generator=g),
+        "obj_labels": torch.randint(0, cfg.num_object_labels, (batch, boxes), generator=g),
+        "obj_weights": torch.rand(batch, boxes, generator=g),
+        "attr_labels": torch.randint(0, cfg.num_attr_labels, (batch, boxes), generator=g),
+        "attr_weights": torch.rand(batch, boxes, generator=g),
+        "feat_targets": torch.rand(batch, boxes, cfg.visual_feat_dim, generator=g),
+        "feat_weights": masked_boxes,
+        "answer_labels": answers,
+    }
+
+
+def hf_kwargs(b: dict) -> dict:
+    return {
+        "input_ids": b["input_ids"],
+        "attention_mask": b["attention_mask"],
+        "token_type_ids": b["token_type_ids"],
+        "visual_feats": b["visual_feats"],
+        "visual_pos": b["visual_pos"],
+        "labels": b["lm_labels"],
+        "matched_label": b["matched_labels"],
+        "obj_labels": {
+            "obj": (b["obj_labels"], b["obj_weights"]),
+            "attr": (b["attr_labels"], b["attr_weights"]),
+            "feat": (b["feat_targets"], b["feat_weights"]),
+        },
+        "ans": b["answer_labels"],
+    }
+
+
+def build(which: str, cfg: LxmertConfig):
+    """(model, step function) with identical weights for both implementations."""
+    torch.manual_seed(0)
+    ours = LxmertForPreTraining(cfg)
+    if which == "ours":
+        model, call = ours, lambda m, b: m(**b).loss
+    else:
+        import transformers
+
+        hc = transformers.LxmertConfig(
+            **{k: getattr(cfg, k) for k in HF_FIELDS}, visual_loss_normalizer=cfg.visual_loss_scale
+        )
+        model = transformers.LxmertForPreTraining(hc)
+        model.load_state_dict(to_hf_state(ours.state_dict(), cfg, "LxmertForPreTraining"))
+        del ours
+        call = lambda m, b: m(**hf_kwargs(b)).loss  # noqa: E731
+    model.train()
+    # The same optimiser for both; fused because that is what a CPU/GPU training run would pick.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+    def step(batch: dict) -> float:
+        loss = call(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return model, step
+
+
+def peak_memory_child(which: str, batch: int, steps: int) -> None:
+    cfg = LxmertConfig.preset("base")
+    _, step = build(which, cfg)
+    b = make_batch(cfg, batch, 20, 36)
+    for _ in range(steps):
+        step(b)
+    # VmHWM (peak resident set) starts afresh at exec, unlike ru_maxrss which a forked child inherits.
+    status = Path("/proc/self/status").read_text()
+    hwm_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    print(json.dumps({"peak_rss_mb": hwm_kb / 1024}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="batch 8, 2 timed steps each")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per implementation")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    ap.add_argument("--memory-child", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    batch = args.batch or (8 if args.quick else 32)
+    steps = args.steps or (2 if args.quick else 6)
+    if args.memory_child:
+        peak_memory_child(args.memory_child, batch, 1)
+        return
+
+    cfg = LxmertConfig.preset("base")
+    data = make_batch(cfg, batch, 20, 36)
+    runners = {name: build(name, cfg)[1] for name in ("ours", "hf")}
+    losses = {name: run(data) for name, run in runners.items()}  # warm-up; same weights -> same loss
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(steps):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            run(data)
+            times[name].append(time.perf_counter() - t0)
+    del runners
+    for name, t in times.items():  # before the memory runs, so that a cut-off run still shows them
+        print(f"{name} seconds per step: {', '.join(f'{x:.2f}' for x in t)}", file=sys.stderr, flush=True)
+
+    peak = {}
+    if not args.no_memory:
+        for name in ("ours", "hf"):
+            cmd = [sys.executable, __file__, "--memory-child", name, "--batch", str(batch)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            peak[name] = json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
+
+    rate = {name: len(t) / sum(t) for name, t in times.items()}
+    ratio = rate["ours"] / rate["hf"]
+    print(f"LXMERT pre-training step, base config, batch {batch}, 20 tokens, 36 boxes, fp32 CPU, "
+          f"{torch.get_num_threads()} threads, {steps} alternating steps")  # fmt: skip
+    print(f"{'impl':<14}{'steps/s':>10}{'s/step':>10}{'peak RSS MB':>14}{'first loss':>12}")
+    for name, label in (("ours", "xmodal"), ("hf", "transformers")):
+        mem = f"{peak[name]:.0f}" if name in peak else "-"
+        print(f"{label:<14}{rate[name]:>10.3f}{1 / rate[name]:>10.2f}{mem:>14}{losses[name]:>12.4f}")
+    print(f"ratio (xmodal / transformers steps/s): {ratio:.2f}")
+    print(json.dumps({
+        "name": "lxmert_pretrain_step",
+        "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "batch": batch, "tokens": 20, "boxes": 36, "steps": steps,
+        "ours_steps_per_s": round(rate["ours"], 4), "hf_steps_per_s": round(rate["hf"], 4),
+        "ours_peak_rss_mb": round(peak.get("ours", 0)), "hf_peak_rss_mb": round(peak.get("hf", 0)),
+        "ours_loss": round(losses["ours"], 4), "hf_loss": round(losses["hf"], 4),
+        "ours_step_s": [round(x, 3) for x in times["ours"]], "hf_step_s": [round(x, 3) for x in times["hf"]],
+        "ratio": round(ratio, 3),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
