@@ -1,0 +1,52 @@
+"""`xmodal ask IMAGE QUESTION`: the detector and a fine-tuned VQA/GQA model answer a question on an image."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("image", help="image file")
+    parser.add_argument("question", help='the question, e.g. "what is the man holding?"')
+    parser.add_argument("--checkpoint", required=True, help="fine-tuned VQA/GQA directory (runs/vqa/best)")
+    parser.add_argument(
+        "--weights",
+        help="detector checkpoint; default: the one the training features were made with if it exists, "
+        "else random weights (meaningless answers, for tests)",
+    )
+    parser.add_argument("--top-k", type=int, default=5, help="answers to print (default: 5)")
+    parser.add_argument("--explain", metavar="OUT.png", help="draw the regions the answer attended to most")
+    parser.add_argument(
+        "--min-size", type=int, help="detector input shortest side (default: as recorded, 600)"
+    )
+    parser.add_argument(
+        "--max-size", type=int, help="detector input longest side (default: as recorded, 1000)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.ask import ask_image
+
+    try:
+        result = ask_image(
+            args.image,
+            args.question,
+            args.checkpoint,
+            weights=args.weights,
+            top_k=args.top_k,
+            explain=args.explain,
+            device=args.device,
+            min_size=args.min_size,
+            max_size=args.max_size,
+        )
+    except (ValueError, FileNotFoundError) as exc:  # ImageError is a ValueError
+        print(f"xmodal ask: {exc}", file=sys.stderr)
+        return 2
+    print(f"Q: {args.question}")
+    for answer, score in result.answers:
+        print(f"{score:7.3f}  {answer}")
+    if args.explain:
+        print(f"attended regions drawn to {args.explain}")
+    return 0

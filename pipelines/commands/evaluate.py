@@ -1,0 +1,49 @@
+"""`xmodal evaluate vqa|gqa|nlvr2`: predictions in the official format, and metrics for labelled splits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", choices=("vqa", "gqa", "nlvr2"), help="the task the checkpoint was tuned for")
+    parser.add_argument("--checkpoint", required=True, help="fine-tuned directory (runs/vqa/best)")
+    parser.add_argument("--features", nargs="+", required=True, metavar="LMDB", help="feature stores")
+    parser.add_argument("--split", nargs="+", required=True, metavar="JSON", help="examples to predict")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="prediction file: VQA [{question_id, answer}], GQA [{questionId, prediction}] JSON, "
+        "NLVR2 identifier,True|False CSV; metrics go beside it as <stem>.metrics.json",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass (default: 64)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: a GPU if any)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.evaluate import evaluate, metrics_path
+
+    try:
+        metrics = evaluate(
+            args.checkpoint,
+            args.features,
+            args.split,
+            args.out,
+            task=args.task,
+            batch_size=args.batch_size,
+            device=args.device,
+        )
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        print(f"xmodal evaluate: {exc}", file=sys.stderr)
+        return 2
+    print(f"predictions: {args.out}")
+    if metrics is None:
+        print("the split has unlabelled examples: no metrics (submit the predictions to the server)")
+        return 0
+    for name, value in metrics.items():
+        print(f"{name}: {value:.2f}" if name != "loss" else f"{name}: {value:.4f}")
+    print(f"metrics: {metrics_path(args.out)}")
+    print(json.dumps(metrics))
+    return 0

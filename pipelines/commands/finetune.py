@@ -1,0 +1,59 @@
+"""`xmodal finetune vqa|gqa|nlvr2`: fine-tune a pre-trained LXMERT on a question-answering or NLVR2 set."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipelines.commands.run_options import add_run_arguments, resolve_run_config
+
+EPILOG = """\
+data: VQA/GQA JSON rows {question_id, img_id, sent, label: {answer: score}}, NLVR2 rows
+{identifier, img0, img1, sent, label: 0|1} (JSON list or JSON lines); every image id must be in --features.
+defaults (SPEC): lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32, 4 epochs, warm-up 10%, clip 5.0.
+precedence: task defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
+< KEY=VALUE overrides (e.g. train.grad_accum=2 task.max_length=30 task.model.hidden_dropout_prob=0.2).
+The run directory holds best/ (by validation accuracy), last/, checkpoints/, metrics.jsonl, config.yaml;
+best/ and last/ are self-contained for `xmodal evaluate` and `xmodal ask`.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    parser.add_argument("task", choices=("vqa", "gqa", "nlvr2"), help="which fine-tuning task")
+    add_run_arguments(parser, "files")
+    parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
+    parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")
+    parser.add_argument(
+        "--answers", help="answer table (trainval_ans2label.json); default: from --train labels"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.finetune import FinetuneRun, default_run, finetune
+
+    out = Path(args.out)
+    try:
+        run_cfg = resolve_run_config(
+            args,
+            FinetuneRun,
+            {"init": args.init, "vocab": args.vocab, "answers": args.answers},
+            base=default_run(args.task),
+        )
+        if run_cfg.task.task != args.task:
+            raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
+        summary = finetune(run_cfg, out, resume=args.resume)
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
+        print(f"xmodal finetune: {exc}", file=sys.stderr)
+        return 2
+    best = summary.get("best")
+    if best:
+        print(
+            f"fine-tuned to step {summary['step']}; best {best['metric']} {best['value']:.2f} at step "
+            f"{best['step']}: {out / 'best'}"
+        )
+    else:
+        print(f"fine-tuned to step {summary['step']} (no validation set): {out / 'last'}")
+    return 0

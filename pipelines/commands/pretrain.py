@@ -1,0 +1,34 @@
+"""`xmodal pretrain`: pre-train LXMERT on the five tasks over region-feature stores."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipelines.commands.run_options import add_run_arguments, resolve_run_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser, "pre-training JSON files")
+    parser.add_argument("--vocab", help="vocab.txt or hub id (default: task.vocab)")
+    parser.add_argument("--preset", choices=("base", "tiny"), help="model size (default: task.preset)")
+    parser.add_argument(
+        "--answers", help="answer table JSON to load (ans2label dict or list) instead of building"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.pretrain import PretrainRun, pretrain
+
+    out = Path(args.out)
+    try:
+        run_cfg = resolve_run_config(
+            args, PretrainRun, {"vocab": args.vocab, "preset": args.preset, "answers": args.answers}
+        )
+        summary = pretrain(run_cfg, out, resume=args.resume)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"xmodal pretrain: {exc}", file=sys.stderr)
+        return 2
+    print(f"pre-trained to step {summary['step']}: {out / 'last'}")
+    return 0

@@ -1,0 +1,117 @@
+"""Options shared by the training commands (`pretrain`, `finetune`) and how they resolve to a run config."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
+    """Data, run directory, schedule, resume and Ray Train options; `KEY=VALUE` overrides anywhere."""
+    parser.add_argument(
+        "--features", nargs="+", required=True, metavar="LMDB", help="feature stores (shards)"
+    )
+    parser.add_argument("--train", nargs="+", required=True, metavar="JSON", help=f"training {data_help}")
+    parser.add_argument("--valid", nargs="*", default=[], metavar="JSON", help=f"validation {data_help}")
+    parser.add_argument("--out", required=True, help="run directory")
+    parser.add_argument("--config", help="YAML with train.* and task.* keys (a run's config.yaml works)")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--max-steps", type=int, help="optimizer steps (wins over epochs)")
+    length.add_argument("--epochs", type=int, help="passes over the training set (default: train.epochs)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="global batch over workers and accumulation (default: train.batch_size)",
+    )
+    parser.add_argument("--lr", type=float, help="peak learning rate (default: train.lr)")
+    parser.add_argument(
+        "--save-every", type=int, help="steps between checkpoints (one is always written at the end)"
+    )
+    parser.add_argument("--seed", type=int, help="seed of shuffling, masking, dropout and initialisation")
+    parser.add_argument(
+        "--skip-missing", action="store_true", help="drop examples whose images are not stored"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
+    )
+    parser.add_argument("--workers", type=int, help="Ray Train workers (default: train in this process)")
+    parser.add_argument(
+        "--gpus-per-worker", type=float, help="GPUs per Ray worker (default: 1 when the cluster has GPUs)"
+    )
+    parser.add_argument(
+        "--cpus-per-worker", type=float, help="CPUs per Ray worker (default: train.cpus_per_worker)"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.grad_accum=2"
+    )
+    _accept_overrides_anywhere(parser)
+
+
+def resolve_run_config(
+    args: argparse.Namespace, cls: type[T], task_flags: dict[str, Any], base: T | None = None
+) -> T:
+    """defaults (or `base`) < --config (or the run's own config.yaml on --resume) < flags < KEY=VALUE."""
+    from pipelines import config as config_io
+
+    features, train, valid, overrides = _split_overrides(args)
+    config_path = args.config
+    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
+        config_path = Path(args.out) / "config.yaml"
+    cfg = config_io.load(cls, config_path, base=base)
+    train_flags = {
+        "max_steps": args.max_steps,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "save_every": args.save_every,
+        "seed": args.seed,
+        "workers": args.workers,
+        "gpus_per_worker": args.gpus_per_worker,
+        "cpus_per_worker": args.cpus_per_worker,
+    }
+    task = {
+        "features": features,
+        "train_files": train,
+        "valid_files": valid,
+        "skip_missing": args.skip_missing or None,
+    }
+    task.update(task_flags)
+    data = {
+        "task": {k: v for k, v in task.items() if v is not None},
+        "train": {k: v for k, v in train_flags.items() if v is not None},
+    }
+    cfg = config_io.merge(cfg, data, where="command line")
+    if args.max_steps is None and args.epochs is not None:
+        cfg = config_io.merge(cfg, {"train": {"max_steps": None}})
+    return config_io.apply_overrides(cfg, overrides)
+
+
+def _split_overrides(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[str]]:
+    """`nargs="+"` options swallow later positionals: KEY=VALUE items found there are overrides."""
+    overrides = list(args.overrides)
+    lists = []
+    for items in (args.features, args.train, args.valid):
+        kept = []
+        for item in items:
+            (overrides if _OVERRIDE.match(item) else kept).append(item)
+        lists.append(kept)
+    return lists[0], lists[1], lists[2], overrides
+
+
+def _accept_overrides_anywhere(parser: argparse.ArgumentParser) -> None:
+    """argparse binds a `*` positional once, so KEY=VALUE items after later options come back unrecognised:
+    collect those into `overrides` instead of failing."""
+    parse_known = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        ns, extras = parse_known(args, namespace)
+        ns.overrides = list(ns.overrides or []) + [a for a in extras if _OVERRIDE.match(a)]
+        return ns, [a for a in extras if not _OVERRIDE.match(a)]
+
+    parser.parse_known_args = parse_known_args

@@ -1,0 +1,180 @@
+"""Pre-training collation (SPEC §2): masked tokens, masked objects, mismatched sentences, QA answers.
+
+Runs in DataLoader workers; every random choice comes from the `rng` handed in, so a batch is a pure
+function of its examples and its seed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from pipelines.pretrain_data import PretrainExample
+
+
+def mask_tokens(
+    ids: np.ndarray,
+    maskable: np.ndarray,
+    rng: np.random.Generator,
+    vocab_size: int,
+    mask_id: int,
+    prob: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pick each maskable token with `prob`: 80% [MASK], 10% a random token, 10% kept.
+    Returns (new ids, labels: the original id where picked, -100 elsewhere)."""
+    picked = (rng.random(ids.shape) < prob) & maskable
+    fate = rng.random(ids.shape)
+    out = ids.copy()
+    out[picked & (fate < 0.8)] = mask_id
+    swap = picked & (fate >= 0.8) & (fate < 0.9)
+    out[swap] = rng.integers(0, vocab_size, size=int(swap.sum()))
+    return out, np.where(picked, ids, -100)
+
+
+def mask_objects(
+    feats: np.ndarray, valid: np.ndarray, group: np.ndarray, rng: np.random.Generator, prob: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pick each real object (B, N) with `prob`: 80% zeroed, 10% the feature of a random object of another
+    image of the batch (`group` = image of each row), 10% kept. Returns (new features, picked)."""
+    picked = (rng.random(valid.shape) < prob) & valid
+    fate = rng.random(valid.shape)
+    out = feats.copy()
+    out[picked & (fate < 0.8)] = 0.0
+    for b, n in zip(*np.nonzero(picked & (fate >= 0.8) & (fate < 0.9)), strict=True):
+        others = np.nonzero((group != group[b]) & valid.any(axis=1))[0]
+        if len(others) == 0:
+            continue  # a batch of one image has no other image to borrow from: the feature stays
+        j = others[rng.integers(len(others))]
+        slots = np.nonzero(valid[j])[0]
+        out[b, n] = feats[j, slots[rng.integers(len(slots))]]
+    return out, picked
+
+
+def sample_answer(answers: Sequence[tuple[int, float]], rng: np.random.Generator) -> int:
+    """One answer label drawn with probability proportional to its soft score (-100 when none)."""
+    if not answers:
+        return -100
+    if len(answers) == 1:
+        return answers[0][0]
+    scores = np.array([s for _, s in answers], dtype=np.float64)
+    if scores.sum() <= 0:
+        return answers[int(rng.integers(len(answers)))][0]
+    return answers[int(rng.choice(len(answers), p=scores / scores.sum()))][0]
+
+
+@dataclass
+class MaskingConfig:
+    """Which pre-training tasks get labels, and the SPEC's probabilities."""
+
+    mlm: bool = True
+    matched: bool = True
+    obj: bool = True
+    attr: bool = True
+    feat: bool = True
+    qa: bool = True
+    mlm_prob: float = 0.15
+    object_prob: float = 0.15
+    mismatch_prob: float = 0.5
+    max_seq_len: int = 20
+    # the release weights label losses by detector confidence on all objects; "masked" only on picked ones
+    object_loss_on: Literal["all", "masked"] = "all"
+
+
+class PretrainCollator:
+    """(items of PretrainDataset, rng) -> the model's inputs and labels, padded to the set's max boxes."""
+
+    def __init__(
+        self,
+        tokenizer,
+        examples: list[PretrainExample],
+        max_boxes: int,
+        cfg: MaskingConfig,
+    ):
+        self.tokenizer = tokenizer
+        self.examples = examples  # where mismatched sentences come from (the training set)
+        self.max_boxes = max_boxes
+        self.cfg = cfg
+        self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
+        self.vocab_size = len(tokenizer)
+
+    def __call__(self, items: list[dict], rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        b, n = len(items), self.max_boxes
+        sentences, matched = [], np.ones(b, dtype=np.int64)
+        for k, item in enumerate(items):
+            sentence = item["sentence"]
+            if cfg.matched and rng.random() < cfg.mismatch_prob:
+                other = self._other_sentence(item["img_id"], rng)
+                if other is not None:
+                    sentence, matched[k] = other, 0
+            sentences.append(sentence)
+        enc = self.tokenizer(
+            sentences, truncation=True, max_length=cfg.max_seq_len, padding="longest", return_tensors="np"
+        )
+        ids = enc["input_ids"].astype(np.int64)
+        attention = enc["attention_mask"].astype(np.int64)
+        batch: dict[str, torch.Tensor] = {
+            "attention_mask": torch.from_numpy(attention),
+            "token_type_ids": torch.zeros_like(torch.from_numpy(ids)),
+        }
+        if cfg.mlm:
+            maskable = ~np.isin(ids, self.special_ids) & (attention == 1)
+            masked, lm_labels = mask_tokens(
+                ids, maskable, rng, self.vocab_size, self.tokenizer.mask_token_id, cfg.mlm_prob
+            )
+            batch["input_ids"] = torch.from_numpy(masked)
+            batch["lm_labels"] = torch.from_numpy(lm_labels)
+        else:
+            batch["input_ids"] = torch.from_numpy(ids)
+
+        dim = items[0]["features"].shape[1]
+        feats = np.zeros((b, n, dim), dtype=np.float32)
+        boxes = np.zeros((b, n, 4), dtype=np.float32)
+        valid = np.zeros((b, n), dtype=bool)
+        obj = np.zeros((b, n), dtype=np.int64)
+        obj_conf = np.zeros((b, n), dtype=np.float32)
+        attr = np.zeros((b, n), dtype=np.int64)
+        attr_conf = np.zeros((b, n), dtype=np.float32)
+        for k, item in enumerate(items):
+            m = item["features"].shape[0]
+            feats[k, :m] = item["features"]
+            boxes[k, :m] = item["boxes"]
+            valid[k, :m] = True
+            obj[k, :m], obj_conf[k, :m] = item["objects_id"], item["objects_conf"]
+            attr[k, :m], attr_conf[k, :m] = item["attrs_id"], item["attrs_conf"]
+        visual = cfg.obj or cfg.attr or cfg.feat
+        if visual:
+            group = np.unique([item["img_id"] for item in items], return_inverse=True)[1]
+            masked_feats, picked = mask_objects(feats, valid, group, rng, cfg.object_prob)
+            batch["visual_feats"] = torch.from_numpy(masked_feats)
+            chosen = picked if cfg.object_loss_on == "masked" else valid
+            if cfg.obj:
+                batch["obj_labels"] = torch.from_numpy(obj)
+                batch["obj_weights"] = torch.from_numpy(obj_conf * chosen)
+            if cfg.attr:
+                batch["attr_labels"] = torch.from_numpy(attr)
+                batch["attr_weights"] = torch.from_numpy(attr_conf * chosen)
+            if cfg.feat:
+                batch["feat_targets"] = torch.from_numpy(feats)
+                batch["feat_weights"] = torch.from_numpy(picked.astype(np.float32))
+        else:
+            batch["visual_feats"] = torch.from_numpy(feats)
+        batch["visual_pos"] = torch.from_numpy(boxes)
+        batch["visual_attention_mask"] = torch.from_numpy(valid.astype(np.int64))
+        if cfg.matched:
+            batch["matched_labels"] = torch.from_numpy(matched)
+        if cfg.qa:
+            qa = [sample_answer(item["answers"], rng) if matched[k] else -100 for k, item in enumerate(items)]
+            batch["answer_labels"] = torch.tensor(qa, dtype=torch.long)
+        return batch
+
+    def _other_sentence(self, img_id: str, rng: np.random.Generator, tries: int = 10) -> str | None:
+        """A sentence of a different image, drawn from the whole set as the release does."""
+        for _ in range(tries):
+            other = self.examples[int(rng.integers(len(self.examples)))]
+            if other.img_id != img_id:
+                return other.sentence
+        return None

@@ -1,0 +1,214 @@
+"""LXMERT pre-training as a `trainer.Task`: the five tasks over the feature store, with SPEC §2 defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.answers import AnswerTable
+from pipelines.masking import MaskingConfig, PretrainCollator
+from pipelines.pretrain_data import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
+from pipelines.tokenization import load_tokenizer, save_tokenizer, write_vocab
+from pipelines.trainer import TrainConfig, fit, latest_checkpoint
+from storage import FeatureReader
+
+log = logging.getLogger(__name__)
+
+ANSWERS_FILE = "ans2label.json"
+MODEL_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "visual_feats",
+    "visual_pos",
+    "visual_attention_mask",
+    "lm_labels",
+    "matched_labels",
+    "obj_labels",
+    "obj_weights",
+    "attr_labels",
+    "attr_weights",
+    "feat_targets",
+    "feat_weights",
+    "answer_labels",
+)
+
+
+@dataclass
+class PretrainConfig:
+    """What to pre-train on and how; training hyper-parameters live in `TrainConfig`."""
+
+    features: list[str] = field(default_factory=list)
+    train_files: list[str] = field(default_factory=list)
+    valid_files: list[str] = field(default_factory=list)
+    skip_missing: bool = False
+    vocab: str = "bert-base-uncased"  # a vocab.txt, a directory holding one, or a hub id
+    preset: str = "base"
+    model: dict[str, Any] = field(default_factory=dict)  # LxmertConfig overrides, e.g. {hidden_size: 256}
+    answers: str | None = None  # an ans2label/label2ans JSON to load instead of building the table
+    answer_min_count: int = 1
+    max_answers: int | None = 9500  # the release's QA head size; most frequent answers first
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    # the release runs QA from the start (0); the paper adds it at epoch 10 of 20
+    qa_from_epoch: int = 0
+    qa_weight: float = 1.0
+
+
+def default_train_config() -> TrainConfig:
+    """SPEC §2: lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay, clip 1.0, decay 0.01 on all."""
+    return TrainConfig(
+        lr=1e-4, batch_size=256, epochs=20, warmup_ratio=0.05, weight_decay=0.01, clip_norm=1.0
+    )
+
+
+@dataclass
+class PretrainRun:
+    """The whole run as written to config.yaml: `train.*` and `task.*` keys."""
+
+    train: TrainConfig = field(default_factory=default_train_config)
+    task: PretrainConfig = field(default_factory=PretrainConfig)
+
+
+class PretrainTask:
+    """Reads the JSON files and checks ids on construction; the store is opened lazily in each worker."""
+
+    primary_metric = None
+
+    def __init__(self, cfg: PretrainConfig, tokenizer=None, answers: AnswerTable | None = None):
+        if not cfg.features or not cfg.train_files:
+            raise ValueError("pre-training needs feature stores (--features) and training files (--train)")
+        self.config = cfg
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.vocab)
+        self.features = FeatureReader(cfg.features)
+        train = check_image_ids(
+            read_pretrain_json(cfg.train_files), self.features, cfg.train_files, cfg.skip_missing
+        )
+        valid = []
+        if cfg.valid_files:
+            valid = check_image_ids(
+                read_pretrain_json(cfg.valid_files), self.features, cfg.valid_files, cfg.skip_missing
+            )
+        if answers is None:
+            if cfg.answers:
+                answers = AnswerTable.load(cfg.answers)
+            else:
+                labels = (e.label for e in train if e.label)
+                answers = AnswerTable.build(labels, cfg.answer_min_count, cfg.max_answers)
+        self.answers = answers
+        self.train_examples, self.valid_examples = train, valid
+        masking = cfg.masking
+        if masking.qa and len(answers) == 0:
+            log.warning("no answer in the training labels: image QA is switched off")
+            masking = dataclasses.replace(masking, qa=False)
+        self.collator = PretrainCollator(self.tokenizer, train, self.features.max_boxes, masking)
+        self.qa_active = cfg.qa_from_epoch <= 0
+        log.info(
+            "pre-training on %d sentences (%d images), %d validation sentences, %d answers",
+            len(train),
+            len({e.img_id for e in train}),
+            len(valid),
+            len(answers),
+        )
+
+    # ---- Task protocol
+    def build_model(self) -> torch.nn.Module:
+        from model import LxmertConfig, LxmertForPreTraining
+
+        overrides = {
+            "vocab_size": len(self.tokenizer),
+            "visual_feat_dim": self.features.feature_dim,
+            "num_qa_labels": max(1, len(self.answers)),
+            **self.config.model,
+        }
+        return LxmertForPreTraining(LxmertConfig.preset(self.config.preset, **overrides))
+
+    def train_dataset(self) -> PretrainDataset:
+        return PretrainDataset(self.train_examples, self.features, self._answer_labels(self.train_examples))
+
+    def valid_dataset(self) -> PretrainDataset | None:
+        if not self.valid_examples:
+            return None
+        return PretrainDataset(self.valid_examples, self.features, self._answer_labels(self.valid_examples))
+
+    def collate(self, items: list, rng: np.random.Generator) -> dict:
+        return self.collator(items, rng)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.qa_active = epoch >= self.config.qa_from_epoch
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        if not self.qa_active:
+            inputs.pop("answer_labels", None)
+        out = model(**inputs)
+        total = out.loss
+        if "qa" in out.losses and self.config.qa_weight != 1.0:
+            total = total + (self.config.qa_weight - 1.0) * out.losses["qa"]
+        return total, {k: float(v.detach()) for k, v in out.losses.items()}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
+        """Mean of each loss over the validation batches, plus matching and QA accuracy."""
+        sums: dict[str, float] = {}
+        batches = 0
+        hits = {"matched": [0, 0], "qa": [0, 0]}
+        for batch in loader:
+            out = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+            batches += 1
+            sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
+            for k, v in out.losses.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            for name, logits, key in (
+                ("matched", out.matched_logits, "matched_labels"),
+                ("qa", out.answer_logits, "answer_labels"),
+            ):
+                if logits is not None and key in batch:
+                    labels = batch[key]
+                    keep = labels != -100
+                    hits[name][0] += int((logits.argmax(-1)[keep] == labels[keep]).sum())
+                    hits[name][1] += int(keep.sum())
+        metrics = {k: v / max(batches, 1) for k, v in sums.items()}
+        for name, (right, total) in hits.items():
+            if total:
+                metrics[f"{name}_accuracy"] = right / total
+        return metrics
+
+    def save(self, model: torch.nn.Module, directory: Path) -> None:
+        model.save_pretrained(directory)
+        save_tokenizer(self.tokenizer, directory)
+        self.answers.save(Path(directory) / ANSWERS_FILE)
+
+    # ----
+    def _answer_labels(self, examples: list[PretrainExample]) -> list[tuple[tuple[int, float], ...]]:
+        return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
+
+
+def pretrain(run: PretrainRun, out_dir: str | Path, resume: bool = False) -> dict:
+    """Pre-train into `out_dir`; vocab and answer table go to the run directory before training starts.
+
+    On resume the run directory's own vocab and answer table are used, so labels keep their meaning."""
+    out_dir = Path(out_dir)
+    cfg = run.task
+    if not resume and latest_checkpoint(out_dir / "checkpoints") is not None:
+        raise FileExistsError(
+            f"{out_dir} already holds a pre-training run; pass --resume to continue it or use another --out"
+        )
+    tokenizer = answers = None
+    if resume and (out_dir / "vocab.txt").is_file():
+        tokenizer = load_tokenizer(out_dir / "vocab.txt")
+    if resume and (out_dir / ANSWERS_FILE).is_file():
+        answers = AnswerTable.load(out_dir / ANSWERS_FILE)
+    task = PretrainTask(cfg, tokenizer=tokenizer, answers=answers)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this; one writes
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not resume or not (out_dir / "vocab.txt").is_file():
+            write_vocab(task.tokenizer, out_dir / "vocab.txt")
+        task.answers.save(out_dir / ANSWERS_FILE)
+    return fit(task, run.train, out_dir, resume=resume)

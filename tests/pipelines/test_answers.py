@@ -1,0 +1,69 @@
+"""Answer normalisation (the release's rules) and the answer table's build / load / save."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.answers import AnswerTable, normalize_answer
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("Yes", "yes"),
+        ("two.", "2"),
+        ("The Man", "man"),
+        ("a dog", "dog"),
+        ("an apple.", "apple"),
+        ("ten", "10"),
+        ("Grey", "gray"),
+        ("twenty", "twenty"),
+        ("theater", "theater"),
+        ("another one", "another one"),
+        ("", ""),
+    ],
+)
+def test_normalize_answer(raw, expected):
+    assert normalize_answer(raw) == expected
+
+
+def test_build_counts_normalised_answers_with_min_count():
+    labels = [{"Two": 1.0}, {"2": 0.3, "dog": 1.0}, {"the dog": 0.6}, {"cat": 1.0}, {"a dog.": 0.9}]
+    table = AnswerTable.build(labels, min_count=2)
+    assert table.answers == ["dog", "2"]  # dog x3, 2 x2, cat x1 dropped
+    assert table.index("The Dog") == 0 and "two" in table and "cat" not in table
+    assert table.get("cat") is None
+    assert table.labels({"two": 0.3, "2": 0.9, "cat": 1.0}) == {1: 0.9}
+    assert AnswerTable.build(labels, min_count=1, max_size=1).answers == ["dog"]
+
+
+def test_load_both_forms_and_save_round_trip(tmp_path):
+    d = tmp_path / "trainval_ans2label.json"
+    d.write_text(json.dumps({"yes": 1, "no": 0, "2": 2}))
+    table = AnswerTable.load(d)
+    assert table.answers == ["no", "yes", "2"]
+    lst = tmp_path / "label2ans.json"
+    lst.write_text(json.dumps(["no", "yes", "2"]))
+    assert AnswerTable.load(lst) == table
+    out = tmp_path / "saved.json"
+    table.save(out)
+    assert json.loads(out.read_text()) == {"no": 0, "yes": 1, "2": 2}
+    assert AnswerTable.load(out) == table
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"a": 0, "b": 5}', "indices"),
+        ('{"a": "x"}', "ans2label"),
+        ("[1, 2", "not valid JSON"),
+        ('["a", "a"]', "twice"),
+    ],
+)
+def test_bad_tables_are_refused(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        AnswerTable.load(path)
