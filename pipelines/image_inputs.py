@@ -1,0 +1,121 @@
+"""The images a job reads: folders, list files and single files, each with its record id."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"}
+)
+LIST_SUFFIXES = frozenset({".txt", ".lst", ".list"})
+ID_RULES = ("stem", "relpath")
+
+
+class InputError(ValueError):
+    """The input set is unusable as given (missing path, duplicate ids, nothing to do)."""
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    img_id: str
+    path: str
+
+
+def iter_images(
+    sources: Iterable[str | Path], recursive: bool = False, id_from: str = "stem"
+) -> Iterator[ImageInput]:
+    """Yield the images of every source in a stable order, without holding the listing.
+
+    A folder gives its image files (by suffix, hidden files skipped; sub-folders with `recursive`); a
+    .txt/.lst/.list file gives one path per line (relative to the list's folder; blank lines and `#`
+    comments skipped); any other file is one image. Ids are file stems, or with `id_from="relpath"` the
+    path relative to the folder or list it came from (POSIX separators, suffix kept).
+    """
+    if id_from not in ID_RULES:
+        raise ValueError(f"id_from must be one of {ID_RULES}, got {id_from!r}")
+    for source in sources:
+        root = Path(source)
+        if root.is_dir():
+            for path in _walk(root, recursive):
+                yield ImageInput(_make_id(path, root, id_from), str(path))
+        elif root.suffix.lower() in LIST_SUFFIXES and root.is_file():
+            yield from _read_list(root, id_from)
+        elif root.exists() or root.is_symlink():
+            yield ImageInput(_make_id(root, root.parent, id_from), str(root))
+        else:
+            raise InputError(
+                f"input {str(source)!r} does not exist: give image folders, list files or images"
+            )
+
+
+def unique_ids(sources: Sequence[str | Path], recursive: bool = False, id_from: str = "stem") -> set[str]:
+    """The ids of all images; InputError naming the clashing files when two share an id, or none are found.
+
+    Memory grows with the number of names (not images): the price of refusing duplicates before any work.
+    """
+    seen: set[str] = set()
+    clashes: list[str] = []
+    for item in iter_images(sources, recursive, id_from):
+        if item.img_id in seen:
+            clashes.append(item.img_id)
+        seen.add(item.img_id)
+    if not seen:
+        hint = "" if recursive else "; add --recursive to descend into sub-folders"
+        raise InputError(
+            f"no images found in {[str(s) for s in sources]} (by suffix: {sorted(IMAGE_SUFFIXES)}){hint}"
+        )
+    if not clashes:
+        return seen
+    # Rescan only on failure: keeping every path for the error message would double the listing's memory.
+    wanted = set(clashes[:5])
+    paths: dict[str, list[str]] = {}
+    for item in iter_images(sources, recursive, id_from):
+        if item.img_id in wanted:
+            paths.setdefault(item.img_id, []).append(item.path)
+    detail = "; ".join(f"{i!r}: {', '.join(p)}" for i, p in paths.items())
+    more = f" (and {len(clashes) - len(wanted)} more)" if len(clashes) > len(wanted) else ""
+    hint = "use --id-from relpath" if id_from == "stem" else "rename the files or give each folder once"
+    raise InputError(f"{len(clashes)} duplicate image ids in the input{more}: {detail}; {hint}")
+
+
+def _walk(root: Path, recursive: bool) -> Iterator[Path]:
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        raise InputError(f"cannot list folder {str(root)!r}: {exc.strerror}") from exc
+    subdirs = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            subdirs.append(entry)
+        elif Path(entry.name).suffix.lower() in IMAGE_SUFFIXES:
+            yield Path(entry.path)
+    if recursive:
+        for entry in subdirs:
+            yield from _walk(Path(entry.path), recursive)
+
+
+def _read_list(list_file: Path, id_from: str) -> Iterator[ImageInput]:
+    base = list_file.parent
+    with open(list_file, encoding="utf-8") as f:
+        for line in f:
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            path = Path(entry)
+            if not path.is_absolute():
+                path = base / path
+            yield ImageInput(_make_id(path, base, id_from), str(path))
+
+
+def _make_id(path: Path, root: Path, id_from: str) -> str:
+    if id_from == "stem":
+        return path.stem
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix().lstrip("/")

@@ -1,0 +1,107 @@
+"""Start or join Ray for xmodal jobs: a private local instance by default, a cluster on request."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+DASHBOARD_HOST = "127.0.0.1"
+
+
+@dataclass
+class RaySession:
+    """The Ray connection a job runs on; `close()` shuts Ray down only if this session started it."""
+
+    address: str
+    started_here: bool
+
+    def close(self) -> None:
+        import ray
+
+        if self.started_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def local_cpu_count() -> int:
+    """The CPUs this process may run on (cgroup/affinity aware where the OS tells)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def is_job_api_address(address: str | None) -> bool:
+    """True for a dashboard (Ray Jobs API) address such as http://HEAD:8265."""
+    return bool(address) and address.startswith(("http://", "https://"))
+
+
+def enable_token_auth_if_available() -> bool:
+    """Send the local Ray token to clusters when one exists and RAY_AUTH_MODE is unset.
+
+    Ray >= 2.60 turns token auth on for clusters started on a machine holding ~/.ray/auth_token, while
+    its clients only send the token with RAY_AUTH_MODE=token; Ray's own CLI bridges that gap the same way.
+    Returns whether token auth is on for this process.
+    """
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # Ray before token auth
+        return False
+    return bool(maybe_enable_token_auth_if_token_available(warn_if_disabled=False))
+
+
+def init_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    include_dashboard: bool = True,
+    object_store_memory: int | None = None,
+) -> RaySession:
+    """Connect this driver to Ray and say how.
+
+    - Ray already initialised in this process (tests, notebooks): reuse it, never shut it down.
+    - `address=None`: inside a Ray Job (RAY_ADDRESS set by Ray) join that cluster; otherwise start a
+      private local instance with `num_cpus` (default: the CPUs this process may use) and the dashboard
+      bound to 127.0.0.1. A bare `ray.init()` would silently join whatever `ray start` left running.
+    - `"auto"`, `"HOST:PORT"` or `"ray://HOST:10001"`: join that cluster.
+    - `"http://HEAD:8265"` is the Jobs API, not a driver address: use `xmodal submit` for it.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return RaySession(address=_current_address(), started_here=False)
+    if is_job_api_address(address):
+        raise ValueError(
+            f"{address} is a Ray Jobs (dashboard) address; run the command there with "
+            f"`xmodal submit --address {address} -- <command>`"
+        )
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]
+    if address is None:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus or local_cpu_count(),
+            include_dashboard=include_dashboard,
+            dashboard_host=DASHBOARD_HOST,
+            object_store_memory=object_store_memory,
+            logging_level=logging.WARNING,
+        )
+        log.info("started a local Ray instance (dashboard on %s only)", DASHBOARD_HOST)
+    else:
+        if address != "auto":
+            enable_token_auth_if_available()
+        ray.init(address=address, logging_level=logging.WARNING)
+        log.info("joined the Ray cluster at %s", address)
+    return RaySession(address=_current_address(), started_here=True)
+
+
+def _current_address() -> str:
+    import ray
+
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # Ray Client sessions have no GCS address
+        return "ray-client"
