@@ -66,12 +66,18 @@ class CrossLayer(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Returns the new language and vision states and, on request, language->vision attention."""
+        # The shared module sees both modalities as one sequence: one GEMM per projection instead of
+        # two, and one weight gradient to accumulate; every step is row-wise, so results are the same.
         cross = self.cross_attention
-        lq, lk, lv = cross.project(lang)
-        vq, vk, vv = cross.project(vision)
+        length = lang.shape[1]
+        both = torch.cat([lang, vision], 1)
+        q, k, v = cross.project(both)
+        lq, lk, lv = (t[:, :, :length] for t in (q, k, v))
+        vq, vk, vv = (t[:, :, length:] for t in (q, k, v))
         probs = attention_probs(lq, vk, vision_mask) if output_attentions else None
-        lang_x = cross.finish(cross.attend(lq, vk, vv, vision_mask), lang)
-        vision_x = cross.finish(cross.attend(vq, lk, lv, lang_mask), vision)
+        context = torch.cat([cross.attend(lq, vk, vv, vision_mask), cross.attend(vq, lk, lv, lang_mask)], 1)
+        both = cross.finish(context, both)
+        lang_x, vision_x = both[:, :length], both[:, length:]
         lang = self.lang_ffn(self.lang_attention(lang_x, lang_mask))
         vision = self.vision_ffn(self.vision_attention(vision_x, vision_mask))
         return lang, vision, probs

@@ -17,8 +17,9 @@ from .lxmert import Lxmert, init_weights
 @dataclass
 class PreTrainingOutput:
     """`loss` is the sum of `losses` (0 when no label was given). Logits exist where computed:
-    with any label only the heads that have labels run and `lm_logits` is (M, V) at the M positions
-    where `lm_labels != -100` (row-major order); with no label at all every head runs everywhere."""
+    with any label only the heads that have labels run, `lm_logits` is (M, V) at the M positions
+    where `lm_labels != -100` and `feat_pred` is (K, D) at the K slots where `feat_weights != 0`
+    (row-major order); with no label at all every head runs everywhere."""
 
     loss: torch.Tensor
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -154,7 +155,7 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
             result.obj_logits = head.obj(h)
         if attr[0] is not None or inference:
             result.attr_logits = head.attr(h)
-        if feat[0] is not None or inference:
+        if inference:
             result.feat_pred = head.feat(h)
         for name, logits, (target, weight) in (
             ("obj", result.obj_logits, obj),
@@ -165,5 +166,9 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
                 result.losses[name] = (per_slot * weight.flatten()).mean() * scale
         target, weight = feat
         if target is not None:
-            per_slot = F.smooth_l1_loss(result.feat_pred, target.to(result.feat_pred.dtype), reduction="none")
-            result.losses["feat"] = (per_slot.mean(-1) * weight).mean() * scale
+            # Only the ~15% masked slots carry weight: regress the 2048-d features there alone.
+            picked = weight != 0
+            result.feat_pred = head.feat(h[picked])
+            target = target[picked].to(result.feat_pred.dtype)
+            per_slot = F.smooth_l1_loss(result.feat_pred, target, reduction="none")
+            result.losses["feat"] = (per_slot.mean(-1) * weight[picked]).sum() / weight.numel() * scale

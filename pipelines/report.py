@@ -1,0 +1,246 @@
+"""The demo's report: `report.html` with PNGs of detections, loss curves, accuracy and one `xmodal ask`."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from storage import RegionFeatures
+
+TASK_LOSSES = ("mlm", "matched", "obj", "attr", "feat", "qa")
+BOX_COLOURS = ((255, 0, 255), (0, 255, 255), (255, 128, 0), (0, 255, 0), (255, 255, 255), (255, 0, 0))
+
+
+@dataclass
+class AskResult:
+    """One `xmodal ask`: the question, its top answers with scores, and the attention picture if drawn."""
+
+    image: Path
+    question: str
+    answers: list[tuple[str, float]]
+    truth: str | None = None
+    explain_png: Path | None = None
+
+
+@dataclass
+class ReportInputs:
+    """Everything the report shows; paths may be missing (that stage did not run) and are then left out."""
+
+    out_dir: Path
+    summary: Mapping
+    detections: Sequence[tuple[Path, RegionFeatures]] = ()
+    curves: Mapping[str, Path] = field(default_factory=dict)  # run name -> metrics.jsonl
+    ask: AskResult | None = None
+    object_names: Sequence[str] | None = None
+    commands: Sequence[str] = ()
+
+
+def draw_detections(
+    image_path: Path, rec: RegionFeatures, out_png: Path, top: int = 10, names: Sequence[str] | None = None
+) -> Path:
+    """The `top` most confident regions of `rec` over its image, scaled up so small images stay legible."""
+    img = Image.open(image_path).convert("RGB")
+    scale = max(1, round(384 / max(img.size)))
+    img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    draw = ImageDraw.Draw(img)
+    order = np.argsort(-rec.objects_conf, kind="stable")[:top]
+    for rank, i in enumerate(order):
+        colour = BOX_COLOURS[rank % len(BOX_COLOURS)]
+        x1, y1, x2, y2 = (float(v) * scale for v in rec.boxes[i])
+        draw.rectangle((x1, y1, x2, y2), outline=colour, width=2)
+        obj = int(rec.objects_id[i])
+        label = names[obj] if names is not None and 0 <= obj < len(names) else f"obj {obj}"
+        draw.text((x1 + 3, y1 + 2), f"{label} {float(rec.objects_conf[i]):.2f}", fill=colour)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    img.save(out_png)
+    return out_png
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rows.append(json.loads(line))
+    return rows
+
+
+def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
+    """Training loss, each task's loss and the validation loss against step, one panel per run; None if
+    nothing was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {name: _read_metrics(Path(p)) for name, p in curves.items() if Path(p).is_file()}
+    runs = {name: rows for name, rows in runs.items() if any("loss" in r or "valid_loss" in r for r in rows)}
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.8), squeeze=False)
+    for ax, (name, rows) in zip(axes[0], runs.items(), strict=True):
+        tasks = sorted({k for r in rows for k in r if k in TASK_LOSSES})
+        for key, style in (
+            [("loss", dict(color="black", linewidth=2))]
+            + [(k, dict(linewidth=1)) for k in tasks]
+            + [("valid_loss", dict(color="black", linestyle="--", linewidth=1.5))]
+        ):
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=key, marker=".", **style)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
+
+
+def _enlarged(path: Path, out_png: Path, min_side: int = 384) -> Path:
+    """A nearest-neighbour enlargement, so pictures of tiny demo images stay readable."""
+    img = Image.open(path).convert("RGB")
+    scale = max(1, round(min_side / min(img.size)))
+    img.resize((img.width * scale, img.height * scale), Image.NEAREST).save(out_png)
+    return out_png
+
+
+def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
+    """Test accuracy next to the baselines, overall and per question type."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {
+        "fine-tuned LXMERT": ("accuracy", "per_type_accuracy", "tab:blue"),
+        "question-type prior": ("prior_baseline_accuracy", "per_type_prior_baseline", "tab:orange"),
+        "majority answer": ("baseline_accuracy", "per_type_baseline", "tab:grey"),
+    }
+    groups = ["overall"] + sorted(summary.get("per_type_accuracy", {}))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 3.8))
+    for k, (label, (overall_key, per_type_key, colour)) in enumerate(series.items()):
+        per_type = summary.get(per_type_key, {})
+        values = [summary.get(overall_key, np.nan)] + [per_type.get(g, np.nan) for g in groups[1:]]
+        xs = np.arange(len(groups)) + (k - (len(series) - 1) / 2) * width
+        ax.bar(xs, [float(v) for v in values], width, label=label, color=colour)
+    ax.set_xticks(np.arange(len(groups)), groups, fontsize=8, rotation=15, ha="right")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png
+
+
+def _img(path: Path, root: Path, alt: str) -> str:
+    rel = Path(path).resolve().relative_to(root.resolve())
+    return f'<img src="{html.escape(rel.as_posix())}" alt="{html.escape(alt)}">'
+
+
+def _pct(value) -> str:
+    return f"{float(value):.1f}%" if isinstance(value, (int, float)) else "n/a"
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def write_report(inputs: ReportInputs) -> Path:
+    """Draw the pictures into `out_dir/report/` and write `out_dir/report.html`; returns its path."""
+    root = inputs.out_dir
+    pics = root / "report"
+    s = inputs.summary
+    parts: list[str] = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>xmodal demo report</title><style>"
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "img{max-width:100%;margin:4px;border:1px solid #ccc}"
+        ".warn{background:#fff3cd;border:2px solid #e0a800;padding:1em;font-weight:bold}"
+        ".ok{background:#e8f5e9;border:1px solid #66bb6a;padding:.6em}.bad{background:#fdecea;"
+        "border:1px solid #e57373;padding:.6em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}code{background:#f4f4f4}"
+        "</style></head><body><h1>xmodal demo report</h1>"
+    ]
+    if s.get("detector_weights", "random") == "random":
+        parts.append(
+            "<p class='warn'>RANDOM DETECTOR WEIGHTS: no detector checkpoint was given, so the Faster R-CNN "
+            "ran with fixed-seed random weights. Its boxes, labels and features carry no learned meaning; "
+            "whatever the model learned here it learned from raw, randomly projected pixels. Pass "
+            "<code>--weights faster_rcnn_from_caffe_attr.pkl</code> for real features.</p>"
+        )
+    else:
+        parts.append(f"<p>Detector weights: <code>{html.escape(str(s['detector_weights']))}</code></p>")
+
+    margin = s.get("margin_points")
+    verdict = s.get("beats_baseline_by_15")
+    if margin is not None:
+        cls = "ok" if verdict else "bad"
+        parts.append(
+            f"<p class='{cls}'>Held-out accuracy {_pct(s.get('accuracy'))} vs majority-answer baseline "
+            f"{_pct(s.get('baseline_accuracy'))}: {float(margin):+.1f} points "
+            f"({'meets' if verdict else 'misses'} the +15 point bar). The question-type prior (each "
+            f"type's most common training answer, no image) scores {_pct(s.get('prior_baseline_accuracy'))}: "
+            f"only the model's margin over it ({float(s.get('margin_over_prior_points', 0)):+.1f} points) "
+            "can come from the image features.</p>"
+        )
+    rows = [
+        ("accuracy (test)", _pct(s.get("accuracy"))),
+        (
+            "majority-answer baseline",
+            f"{_pct(s.get('baseline_accuracy'))}, always {s.get('majority_answer')!r}",
+        ),
+        ("question-type prior baseline", _pct(s.get("prior_baseline_accuracy"))),
+        ("test questions", str(s.get("test_questions", "n/a"))),
+        ("images (train/valid/test)", str(s.get("images", "n/a"))),
+        ("seed", str(s.get("seed", "n/a"))),
+        ("elapsed", f"{float(s.get('elapsed_s', 0)):.0f} s"),
+    ]
+    rows += [(f"stage: {k}", f"{float(v):.1f} s") for k, v in s.get("stage_s", {}).items()]
+    parts.append("<h2>Summary</h2>" + _table(rows))
+
+    acc_png = plot_accuracy(s, pics / "accuracy.png")
+    parts.append("<h2>Accuracy vs baselines</h2>" + _img(acc_png, root, "accuracy vs baselines"))
+
+    curves_png = plot_curves(inputs.curves, pics / "loss_curves.png")
+    if curves_png is not None:
+        parts.append("<h2>Loss curves</h2>" + _img(curves_png, root, "loss curves"))
+
+    if inputs.detections:
+        parts.append("<h2>Detections (most confident regions)</h2>")
+        for image_path, rec in inputs.detections:
+            png = pics / f"detections_{rec.img_id}.png"
+            draw_detections(image_path, rec, png, names=inputs.object_names)
+            parts.append(_img(png, root, f"detections on {rec.img_id}"))
+
+    if inputs.ask is not None:
+        a = inputs.ask
+        truth = f" (truth: <b>{html.escape(a.truth)}</b>)" if a.truth else ""
+        parts.append(
+            f"<h2>xmodal ask</h2><p>Image <code>{html.escape(a.image.name)}</code>, question "
+            f"<b>{html.escape(a.question)}</b>{truth}</p>"
+        )
+        parts.append(_table([(ans, f"{score:.3f}") for ans, score in a.answers]))
+        if a.explain_png is not None and Path(a.explain_png).is_file():
+            picture = _img(_enlarged(a.explain_png, pics / "ask_attention_large.png"), root, "attention")
+            parts.append(f"<p>Regions the answer attended to most:</p>{picture}")
+
+    if inputs.commands:
+        cmds = "\n".join(html.escape(c) for c in inputs.commands)
+        parts.append(f"<h2>Commands run</h2><pre>{cmds}</pre>")
+    parts.append("</body></html>")
+    out = root / "report.html"
+    out.write_text("\n".join(parts))
+    return out
