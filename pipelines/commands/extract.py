@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     det.add_argument("--max-boxes", type=int, default=36, help="most regions per image (default: 36)")
     det.add_argument("--min-size", type=int, help="input shortest side (default: the preset's, 600)")
     det.add_argument("--max-size", type=int, help="input longest side cap (default: the preset's, 1000)")
+    det.add_argument(
+        "--set",
+        dest="detector_overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other detector or selection setting, e.g. --set post_nms_topk=100 (repeatable)",
+    )
     ray_group = parser.add_argument_group("Ray")
     ray_group.add_argument("--batch-size", type=int, default=4, help="images per detector call (default: 4)")
     ray_group.add_argument(
@@ -83,10 +91,19 @@ def run(args: argparse.Namespace) -> int:
     if is_job_api_address(args.address):
         return _submit_self(args)
 
+    from extraction.config import resolve_config
     from pipelines.extract import ExtractConfig, run_extract
     from pipelines.image_inputs import InputError
 
-    overrides = {k: v for k, v in (("min_size", args.min_size), ("max_size", args.max_size)) if v is not None}
+    try:
+        overrides = _parse_overrides(args.detector_overrides)
+        resolve_config(args.preset, args.selection, args.min_boxes, args.max_boxes, **overrides)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 1
+    overrides.update(
+        {k: v for k, v in (("min_size", args.min_size), ("max_size", args.max_size)) if v is not None}
+    )
     cfg = ExtractConfig(
         inputs=list(args.inputs),
         out=args.out,
@@ -144,9 +161,24 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
     for flag, value in flags.items():
         if value is not None:
             argv += [flag, str(value)]
+    for item in args.detector_overrides:
+        argv += ["--set", item]
     if args.recursive:
         argv.append("--recursive")
     return argv
+
+
+def _parse_overrides(items: list[str]) -> dict:
+    """`KEY=VALUE` strings to detector overrides, values read as YAML scalars (`0.3`, `[0.5, 1, 2]`)."""
+    import yaml
+
+    overrides = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is not of the form KEY=VALUE (e.g. --set post_nms_topk=100)")
+        overrides[key.strip()] = yaml.safe_load(text)
+    return overrides
 
 
 def _submit_self(args: argparse.Namespace) -> int:

@@ -189,3 +189,27 @@ def test_submit_runs_extract_on_the_head_streams_logs_and_returns_its_exit_statu
     reader = FeatureReader(out)
     assert list(reader.keys()) == ["img_000"] and reader["img_000"].num_boxes == 4
     reader.close()
+
+
+def test_extract_detector_overrides_are_checked_before_any_work(tmp_path, caplog):
+    from pipelines.cli import main
+
+    out = tmp_path / "feats.lmdb"
+    code = main(["extract", str(tmp_path), "--out", str(out), "--set", "no_such_setting=3"])
+    assert code == 1
+    assert "no_such_setting" in caplog.text
+    assert not out.exists()
+    assert main(["extract", str(tmp_path), "--out", str(out), "--set", "post_nms_topk"]) == 1
+
+
+def test_extract_overrides_travel_to_the_cluster_command():
+    from pipelines.cli import build_parser
+    from pipelines.commands.extract import _parse_overrides, cluster_argv
+
+    args = build_parser().parse_args(
+        ["extract", "imgs", "--out", "f.lmdb", "--set", "post_nms_topk=20", "--set", "nms_thresh=0.3"]
+    )
+    argv = cluster_argv(args)
+    assert argv[argv.index("--set") :][:4] == ["--set", "post_nms_topk=20", "--set", "nms_thresh=0.3"]
+    assert _parse_overrides(args.detector_overrides) == {"post_nms_topk": 20, "nms_thresh": 0.3}
+    assert build_parser().parse_args(argv).detector_overrides == args.detector_overrides
