@@ -117,6 +117,12 @@ def draw_explanation(image_bgr: np.ndarray, result: AskResult, question: str, to
 
     rec = result.regions
     h, w = image_bgr.shape[:2]
+    enlarge = 480 / min(h, w)  # small images (the demo's 96 px) are enlarged so the labels stay legible
+    if enlarge > 1:
+        image_bgr = cv2.resize(
+            image_bgr, (round(w * enlarge), round(h * enlarge)), interpolation=cv2.INTER_NEAREST
+        )
+        h, w = image_bgr.shape[:2]
     order = np.argsort(-result.attention)[: min(top, rec.num_boxes)]
     heat = np.zeros((h, w), np.float32)
     sx, sy = w / rec.img_w, h / rec.img_h
@@ -154,11 +160,12 @@ def draw_explanation(image_bgr: np.ndarray, result: AskResult, question: str, to
             cv2.LINE_AA,
         )
     answer, prob = result.answers[0]
-    caption = f"Q: {question}  A: {answer} ({prob:.2f})"
-    bar = np.full((int(30 * max(scale, 0.5)) + 10, w, 3), 255, np.uint8)
-    cv2.putText(
-        bar, caption, (5, bar.shape[0] - 10), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1, cv2.LINE_AA
-    )
+    lines = [f"Q: {question}", f"A: {answer} ({prob:.2f})"]
+    font, line_h = cv2.FONT_HERSHEY_SIMPLEX, 28
+    bar = np.full((line_h * len(lines) + 8, w, 3), 255, np.uint8)
+    for k, text in enumerate(lines, 1):
+        fit = min(0.7, 0.7 * (w - 10) / cv2.getTextSize(text, font, 0.7, 1)[0][0])  # shrink long questions
+        cv2.putText(bar, text, (5, line_h * k), font, fit, (0, 0, 0), 1, cv2.LINE_AA)
     return np.concatenate([bar, drawn], axis=0)
 
 
