@@ -121,13 +121,18 @@ def test_explanation_marks_the_most_attended_regions():
     image = np.full((64, 80, 3), 200, np.uint8)
     attention = np.array([0.1, 0.6, 0.05, 0.25], np.float32)
     picture = draw_explanation(image, AskResult([("red", 0.9)], rec, attention), "what?", top=2)
-    bar = picture.shape[0] - 64
-    assert bar > 0 and picture.shape[1] == 80
+    k = 480 / 64  # small images are enlarged (nearest neighbour) to a 480 px shorter side
+    bar = picture.shape[0] - 480
+    assert bar > 0 and picture.shape[1] == 80 * k
     body = picture[bar:]
-    assert body[40, 55].tolist() == [200, 200, 200]  # inside the most attended region: untouched
-    assert body[55, 5].tolist() == [60, 60, 60]  # outside the top regions: dimmed to 30 %
-    assert body[5, 5].tolist() == [60, 60, 60]  # region 0 is not among the top 2
-    assert (body[20, 40:71] != 60).any()  # the top region's box is drawn
+
+    def at(y, x):
+        return body[int(y * k), int(x * k)].tolist()
+
+    assert at(40, 55) == [200, 200, 200]  # inside the most attended region: untouched
+    assert at(55, 5) == [60, 60, 60]  # outside the top regions: dimmed to 30 %
+    assert at(5, 5) == [60, 60, 60]  # region 0 is not among the top 2
+    assert (body[int(20 * k), int(40 * k) : int(71 * k)] != 60).any()  # the top region's box is drawn
 
 
 @pytest.mark.slow
@@ -165,7 +170,7 @@ def test_ask_end_to_end_on_a_generated_image(checkpoint, tmp_path, capsys):
     )
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
     picture = cv2.imread(str(explain))
-    assert picture is not None and picture.shape[1] == 120 and picture.shape[0] > 96
+    assert picture is not None and picture.shape[1] == 120 * 480 / 96 and picture.shape[0] > 480
 
 
 def test_ask_refuses_a_missing_image(checkpoint, tmp_path, capsys):
