@@ -16,6 +16,9 @@ from storage.writer import FeatureWriter
 
 log = logging.getLogger(__name__)
 _BAD_KEPT_IN_META = 100
+_DEFAULT_FEATURE_DIM = 2048  # LXMERT's, for inputs whose every record has zero boxes
+# Zero-box records carry no feature width: up to this many are held back until a record shows it.
+_EMPTY_HELD_BACK = 10_000
 
 
 @dataclass
@@ -37,38 +40,64 @@ def import_records(
     provenance: dict | None = None,
 ) -> ImportReport:
     """`items` are (where, record or the error found at `where`). Stops at the first bad item unless
-    `skip_bad`; records written before a stop stay committed, and a rerun skips them."""
+    `skip_bad`; records written before a stop stay committed, and a rerun skips them. Without
+    `feature_dim` the width is the first record with boxes' (zero-box records before it wait)."""
     report = ImportReport()
     seen: dict[str, str] = {}
+    held: list[tuple[str, RegionFeatures]] = []
     writer: FeatureWriter | None = None
+
+    def bad(error: BadInputError) -> None:
+        if not skip_bad:
+            raise _stopped(error, report, dst)
+        log.warning("skipped: %s", error)
+        report.bad.append(str(error))
+
+    def put(where: str, rec: RegionFeatures, dim: int) -> None:
+        nonlocal writer
+        checked = _check(rec, where, seen, dim, max_boxes)
+        if isinstance(checked, BadInputError):
+            bad(checked)
+            return
+        if writer is None:
+            writer = FeatureWriter(dst, feature_dim=dim, max_boxes=max_boxes, dtype=dtype, replace=replace)
+        try:
+            written = writer.put(checked)
+        except ValueError as exc:
+            bad(BadInputError(f"{where}: {exc}"))
+            return
+        report.written += written
+        report.already_present += not written
+
+    def release_held(dim: int) -> None:
+        for where, rec in held:
+            put(where, rec, dim)
+        held.clear()
+
     try:
         for where, item in items:
-            if isinstance(item, RegionFeatures):
-                if writer is not None:
-                    dim = writer.feature_dim
-                else:
-                    dim = feature_dim or (item.feature_dim if item.num_boxes else 2048)
-                item = _check(item, where, seen, dim, max_boxes)
             if isinstance(item, BadInputError):
-                if not skip_bad:
-                    raise _stopped(item, report, dst)
-                log.warning("skipped: %s", item)
-                report.bad.append(str(item))
+                bad(item)
                 continue
-            if writer is None:
-                writer = FeatureWriter(
-                    dst, feature_dim=dim, max_boxes=max_boxes, dtype=dtype, replace=replace
-                )
-            try:
-                written = writer.put(item)
-            except ValueError as exc:
-                bad = BadInputError(f"{where}: {exc}")
-                if not skip_bad:
-                    raise _stopped(bad, report, dst) from None
-                report.bad.append(str(bad))
-                continue
-            report.written += written
-            report.already_present += not written
+            if writer is not None:
+                put(where, item, writer.feature_dim)
+            elif feature_dim is not None:
+                put(where, item, feature_dim)
+            elif item.num_boxes:
+                release_held(item.feature_dim)
+                put(where, item, item.feature_dim)
+            else:
+                held.append((where, item))
+                if len(held) >= _EMPTY_HELD_BACK:
+                    log.warning(
+                        "%s: the first %d records have no boxes, so their feature width is unknown: "
+                        "storing %d-d features (pass --feature-dim if that is wrong)",
+                        src,
+                        len(held),
+                        _DEFAULT_FEATURE_DIM,
+                    )
+                    release_held(_DEFAULT_FEATURE_DIM)
+        release_held(feature_dim or _DEFAULT_FEATURE_DIM)
         if writer is None:
             if feature_dim is None:
                 raise BadInputError(f"{src}: no valid record to import (nothing written)")

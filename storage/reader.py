@@ -47,6 +47,8 @@ class _Shard:
             self.env.close()
             raise StoreFormatError(f"{path}: no records/meta databases: not an xmodal feature store") from exc
         self.path = path
+        self.lock = lock
+        self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
         try:
             self.meta = self.read_meta()
         except StoreFormatError:
@@ -66,9 +68,10 @@ class _Shard:
             return decode_meta(txn.get(META_KEY, db=self.meta_db), self.path)
 
 
-# LMDB allows one environment per store per process: readers of the same store share it. After fork
-# the parent's environments are closed unused in the child (munmap and close(fd) there leave the
-# parent's untouched; lmdb would otherwise refuse to open the same files again).
+# LMDB allows one environment per store per process: readers of the same store share it, in the
+# strongest mode any of them asked for (a locked environment serves lock-free readers too, not the
+# reverse). After fork the parent's environments are closed unused in the child (munmap and close(fd)
+# there leave the parent's untouched; lmdb would otherwise refuse to open the same files again).
 _OPEN: dict[Path, _Shard] = {}
 _OPEN_PID: int | None = None
 _generation = 0  # bumped on fork and when an environment is closed: readers holding one look again
@@ -90,9 +93,19 @@ def _shard(path: Path, lock: bool, readahead: bool) -> _Shard:
         _OPEN.clear()
         _OPEN_PID = os.getpid()
     key = path.resolve()
-    if key not in _OPEN:
-        _OPEN[key] = _Shard(path, lock, readahead)
-    return _OPEN[key]
+    shard = _OPEN.get(key)
+    if shard is not None and lock and not shard.lock:
+        # a reader beside a live writer needs the lock table: reopen with it for every reader here
+        if shard.views:
+            raise StoreError(
+                f"{path} is being read without a lock in this process (an open FeatureReader.view() "
+                "block): leave the block before opening it with lock=True"
+            )
+        release(path)
+        shard = None
+    if shard is None:
+        shard = _OPEN[key] = _Shard(path, lock, readahead)
+    return shard
 
 
 def release(path: str | os.PathLike) -> None:
@@ -112,7 +125,9 @@ class FeatureReader:
     Nothing is opened until first use, and handles opened in a parent process are never used after
     fork, so the reader can be handed to DataLoader workers (fork or spawn). Every read runs in its own
     short transaction. `lock=False` (default) writes no lock file and suits finished stores; pass
-    `lock=True` to read a store that a writer is still filling.
+    `lock=True` to read a store that a writer is still filling. Readers of one store in one process
+    share its environment: once any of them asked for `lock=True`, all of them read with the lock
+    (an environment opened lock-free earlier is reopened); `readahead` is the first reader's.
     """
 
     def __init__(
@@ -231,11 +246,15 @@ class FeatureReader:
         """Copy-free reads: `with r.view() as v: rec = v[img_id]`; arrays are read-only views into the
         memory map, valid only inside the block (copy what you keep). One read transaction per shard is
         held open for the duration of the block."""
-        txns = [shard.begin(buffers=True) for shard in self.shards]
+        shards = self.shards
+        txns = [shard.begin(buffers=True) for shard in shards]
+        for shard in shards:
+            shard.views += 1
         try:
-            yield _View(self.shards, txns)
+            yield _View(shards, txns)
         finally:
-            for txn in txns:
+            for shard, txn in zip(shards, txns, strict=True):
+                shard.views -= 1
                 txn.abort()
 
     def keys(self) -> Iterator[str]:
@@ -250,9 +269,11 @@ class FeatureReader:
         yield from self._scan(values=True)
 
     def _scan(self, values: bool) -> Iterator[tuple[_Shard, bytes, bytes | None]]:
-        for shard in self.shards:
+        for index in range(len(self.paths)):
             last: bytes | None = None
             while True:
+                # looked up per batch: the environment may have been reopened while we yielded
+                shard = self.shards[index]
                 batch = []
                 with shard.begin() as txn, txn.cursor(db=shard.records) as cur:
                     found = cur.set_range(last) if last is not None else cur.first()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+VG_VOCAB_ENV = "XMODAL_VG_VOCAB"  # the VG vocabulary folder for `features show` when --vocab is absent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +84,9 @@ def _add_import(sub) -> None:
     p.add_argument(
         "--max-boxes", type=int, help="most boxes per image (default: DST's, else the HDF5's width, else 36)"
     )
-    p.add_argument("--feature-dim", type=int, help="feature width (default: from the first record)")
+    p.add_argument(
+        "--feature-dim", type=int, help="feature width (default: DST's, else the first record with boxes')"
+    )
     p.add_argument("--ids", help="HDF5 only: id -> row map, JSON {id: row} / [ids] or text (one id per line)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines/rows instead of stopping")
     p.add_argument("--replace", action="store_true", help="overwrite ids the store already holds")
@@ -98,10 +102,10 @@ def _import(args: argparse.Namespace) -> int:
     fmt = args.format or _format_of(args.src)
     if args.ids and fmt != "hdf5":
         raise SystemExit("--ids applies to HDF5 sources only")
-    dtype, max_boxes = "float16", 36
+    dtype, max_boxes, feature_dim = "float16", 36, None
     if Path(args.dst, "data.mdb").is_file():
         meta = describe(args.dst)
-        dtype, max_boxes = meta["dtype"], meta["max_boxes"]
+        dtype, max_boxes, feature_dim = meta["dtype"], meta["max_boxes"], meta["feature_dim"]
     elif fmt == "hdf5":
         max_boxes = hdf5_max_boxes(args.src)
     items = read_tsv(args.src) if fmt == "tsv" else read_hdf5(args.src, ids=args.ids)
@@ -111,7 +115,7 @@ def _import(args: argparse.Namespace) -> int:
         args.dst,
         dtype=args.dtype or dtype,
         max_boxes=args.max_boxes or max_boxes,
-        feature_dim=args.feature_dim,
+        feature_dim=args.feature_dim or feature_dim,
         skip_bad=args.skip_bad,
         replace=args.replace,
         provenance={"format": fmt},
@@ -166,7 +170,12 @@ def _add_show(sub) -> None:
     p.add_argument("img_id", help="record id")
     p.add_argument("--image", required=True, help="the image the record was extracted from")
     p.add_argument("--out", required=True, help="output image (.png or .jpg)")
-    p.add_argument("--vocab", help="folder with the VG object/attribute vocabularies (else ids are drawn)")
+    p.add_argument(
+        "--vocab",
+        metavar="DIR",
+        help="folder with the VG vocabularies, objects_vocab.txt and attributes_vocab.txt or vg_* "
+        f"(default: ${VG_VOCAB_ENV}; with neither, ids are drawn)",
+    )
     p.set_defaults(_action=_show)
 
 
@@ -181,7 +190,16 @@ def _show(args: argparse.Namespace) -> int:
     if args.img_id not in reader:
         raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features info` lists the store")
     rec = reader[args.img_id]
-    objects, attributes = load_vg_vocab(args.vocab) if args.vocab else (None, None)
+    objects, attributes = None, None
+    if args.vocab:
+        objects, attributes = load_vg_vocab(args.vocab)
+    elif os.environ.get(VG_VOCAB_ENV):
+        try:
+            objects, attributes = load_vg_vocab(os.environ[VG_VOCAB_ENV])
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"{exc} (from ${VG_VOCAB_ENV}; fix it, unset it or pass --vocab)"
+            ) from None
     drawn = draw_regions(load_image(args.image), rec, objects, attributes)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), drawn):

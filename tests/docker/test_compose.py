@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 XMODAL_SERVICES = ("extract", "pretrain", "finetune")
 RAY_SERVICES = ("ray-head", "ray-worker")
+GPU_SERVICES = (*XMODAL_SERVICES, "ray-worker")  # the head holds none, so Ray counts each GPU once
 VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
 
@@ -175,9 +176,18 @@ def test_volume_sources_inside_the_repo_exist_or_are_ignored_outputs(compose: di
 def test_gpu_reservations_and_shared_memory(compose: dict) -> None:
     for name in XMODAL_SERVICES + RAY_SERVICES:
         service = compose["services"][name]
-        devices = service["deploy"]["resources"]["reservations"]["devices"]
-        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
+        devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+        gpus = any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+        assert gpus == (name in GPU_SERVICES), f"{name}: GPU reservation {devices}"
         assert re.fullmatch(r"\d+[kmg]?b?", str(service["shm_size"]).lower()), name
+
+
+def test_ray_head_counts_no_gpus(compose: dict) -> None:
+    # head and worker share the host: GPUs on both would be counted twice and replicas placed on the head
+    head = compose["services"]["ray-head"]["command"]
+    assert "--num-gpus=0" in head
+    worker = compose["services"]["ray-worker"]["command"]
+    assert not any(a.startswith("--num-gpus") for a in worker), "the worker reports the GPUs it was given"
 
 
 def test_build_context_and_dockerfile(compose: dict) -> None:
@@ -214,6 +224,34 @@ def test_ray_cluster_services(compose: dict, raw_compose: dict) -> None:
     gcs_port = next(a.split("=")[1] for a in head["command"] if a.startswith("--port="))
     assert any(a == f"--address=ray-head:{gcs_port}" for a in worker["command"])
     assert "ray-head" in worker["depends_on"]
+    # the head is reachable only on the compose network: the worker joins it there, by service name
+    raw_worker = raw_compose["services"]["ray-worker"]["command"]
+    assert not any(VARIABLE.search(str(a)) for a in raw_worker), "no address that could point off this host"
+    for name in RAY_SERVICES:
+        assert "network_mode" not in compose["services"][name], name
+
+
+@pytest.mark.parametrize("name", ["pretrain", "finetune"])
+def test_training_services_resume_on_rerun(compose: dict, name: str) -> None:
+    argv = _xmodal_argv(compose["services"][name])
+    assert "--resume" in argv, f"a second `run --rm {name}` would refuse the existing run directory"
+
+
+def _option_values(argv: list[str], option: str) -> list[str]:
+    """The arguments after `option` up to the next flag."""
+    start = argv.index(option) + 1
+    end = next((i for i in range(start, len(argv)) if argv[i].startswith("-")), len(argv))
+    return argv[start:end]
+
+
+def test_pretrain_trains_on_the_readme_quick_start_files(compose: dict) -> None:
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start on real data") :]
+    command = re.search(r"^\s*xmodal pretrain .*?(?<!\\)$", quick_start, re.M | re.S)[0].replace("\\\n", " ")
+    files = [Path(f).name for f in _option_values(shlex.split(command), "--train")]
+    assert "mscoco_nominival.json" in files
+    service = [Path(f).name for f in _option_values(_xmodal_argv(compose["services"]["pretrain"]), "--train")]
+    assert service == files
 
 
 def test_env_example_has_no_secret(env_example: dict) -> None:
@@ -245,6 +283,22 @@ def test_dockerfile_essentials() -> None:
         assert f"{package}/" in copied, f"package {package} is not copied into the image"
 
 
+def test_home_is_set_and_writable_by_any_uid() -> None:
+    # compose runs the image as XMODAL_UID: for a uid missing from /etc/passwd Docker would set HOME=/,
+    # and a local ray.init with RAY_AUTH_MODE=token then fails writing /.ray/auth_token. Ray's cluster
+    # launcher also takes ~ for its file mounts from the image's ENV HOME (else /root).
+    instructions = _dockerfile_instructions()
+    env = " ".join(arg for op, arg in instructions if op == "ENV")
+    home = re.search(r"\bHOME=(\S+)", env)
+    assert home, "the image must set HOME"
+    runs = " ".join(arg for op, arg in instructions if op == "RUN")
+    assert re.search(rf"chmod (1777|a\+rwxt|o\+w\S*) {re.escape(home[1])}(\s|$)", runs), (
+        f"{home[1]} must be writable for every uid"
+    )
+    workdir = [arg for op, arg in instructions if op == "WORKDIR"][-1]
+    assert workdir == home[1]
+
+
 def test_dockerignore_keeps_secrets_and_bulk_out() -> None:
     ignored = (REPO / ".dockerignore").read_text().split()
     for entry in (".git", ".venv", "docker/.env", "demo_run", "runs", "*.lmdb"):
@@ -272,3 +326,28 @@ def test_ray_up_cluster_config() -> None:
     assert "--head" in head and "--dashboard-host=127.0.0.1" in head
     assert "-e RAY_AUTH_MODE=token" in config["docker"]["run_options"]
     assert "~/.ray/auth_token" in config["file_mounts"]
+
+
+def test_ray_up_containers_run_bash_despite_the_entry_point() -> None:
+    """Ray's launcher starts each node as `docker run [run_options] IMAGE bash` and then `docker exec`s
+    into it; with the image's ENTRYPOINT ["xmodal"] left alone that would be `xmodal bash`, which exits."""
+    docker = pytest.importorskip("ray.autoscaler._private.docker")
+    config = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
+    image = config["docker"]["image"]
+    command = docker.docker_start_cmds(
+        user=config["auth"]["ssh_user"],
+        image=image,
+        mount_dict={"~/.ray/auth_token": "~/.ray/auth_token"},
+        container_name=config["docker"]["container_name"],
+        user_options=config["docker"]["run_options"],
+        cluster_name=config["cluster_name"],
+        home_directory="/home/xmodal",
+        docker_cmd="docker",
+    )
+    argv = shlex.split(command)  # the launcher runs it through a shell on the node
+    assert argv[:2] == ["docker", "run"]
+    at = argv.index(image)
+    assert argv[at + 1 :] == ["bash"]
+    entrypoints = [argv[i + 1] for i in range(2, at) if argv[i] == "--entrypoint"]
+    entrypoints += [a.split("=", 1)[1] for a in argv[2:at] if a.startswith("--entrypoint=")]
+    assert entrypoints == [""], f"the image's entry point must be cleared so bash runs: {command}"

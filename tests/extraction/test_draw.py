@@ -83,3 +83,66 @@ def test_features_show_cli(tmp_path, vocab_dir):
     drawn = cv2.imread(str(out))
     assert drawn.shape == (60, 80, 3) and (drawn != 127).any()
     assert main(["features", "show", str(store), "nope", "--image", str(image), "--out", str(out)]) == 1
+
+
+def _show(tmp_path, store_and_image, out_name: str, *extra: str) -> np.ndarray:
+    from pipelines.cli import main
+
+    store, image = store_and_image
+    out = tmp_path / out_name
+    assert (
+        main(["features", "show", str(store), "img1", "--image", str(image), "--out", str(out), *extra]) == 0
+    )
+    return cv2.imread(str(out))
+
+
+@pytest.fixture()
+def store_and_image(tmp_path):
+    from storage import FeatureWriter
+
+    store = tmp_path / "feats"
+    with FeatureWriter(store, feature_dim=8, max_boxes=36) as writer:
+        writer.put(record())
+    image = tmp_path / "img1.png"
+    cv2.imwrite(str(image), np.full((60, 80, 3), 127, np.uint8))
+    return store, image
+
+
+def test_features_show_takes_the_vocab_from_the_environment(
+    tmp_path, vocab_dir, store_and_image, monkeypatch
+):
+    from pipelines.commands.features import VG_VOCAB_ENV
+
+    monkeypatch.delenv(VG_VOCAB_ENV, raising=False)
+    ids = _show(tmp_path, store_and_image, "ids.png")
+    flag = _show(tmp_path, store_and_image, "flag.png", "--vocab", str(vocab_dir))
+    assert not np.array_equal(ids, flag)  # names, not ids, were drawn
+    monkeypatch.setenv(VG_VOCAB_ENV, str(vocab_dir))
+    assert np.array_equal(_show(tmp_path, store_and_image, "env.png"), flag)
+    monkeypatch.setenv(VG_VOCAB_ENV, str(tmp_path / "missing"))
+    assert np.array_equal(_show(tmp_path, store_and_image, "flag_wins.png", "--vocab", str(vocab_dir)), flag)
+
+
+def test_features_show_names_a_wrong_vocab_environment_variable(
+    tmp_path, store_and_image, monkeypatch, caplog
+):
+    from pipelines.cli import main
+    from pipelines.commands.features import VG_VOCAB_ENV
+
+    store, image = store_and_image
+    monkeypatch.setenv(VG_VOCAB_ENV, str(tmp_path / "missing"))
+    args = ["features", "show", str(store), "img1", "--image", str(image), "--out", str(tmp_path / "x.png")]
+    assert main(args) == 1
+    assert VG_VOCAB_ENV in caplog.text and "missing" in caplog.text
+
+
+def test_features_show_with_the_shared_vg_vocabularies(
+    tmp_path, shared_reference, store_and_image, monkeypatch
+):
+    from pipelines.commands.features import VG_VOCAB_ENV
+
+    monkeypatch.delenv(VG_VOCAB_ENV, raising=False)
+    flag = _show(tmp_path, store_and_image, "flag.png", "--vocab", str(shared_reference))
+    assert not np.array_equal(flag, _show(tmp_path, store_and_image, "ids.png"))
+    monkeypatch.setenv(VG_VOCAB_ENV, str(shared_reference))
+    assert np.array_equal(_show(tmp_path, store_and_image, "env.png"), flag)

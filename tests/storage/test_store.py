@@ -11,7 +11,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from storage import FeatureReader, FeatureWriter, StoreFormatError
+from storage import FeatureReader, FeatureWriter, StoreError, StoreFormatError
 from storage.metadata import FORMAT_VERSION, META_DB, META_KEY
 
 
@@ -237,3 +237,31 @@ def test_storage_imports_no_torch(repo_root):
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_lock_true_after_a_lock_free_reader_reads_with_the_lock(tmp_path, make_record, same, monkeypatch):
+    import storage.reader
+
+    monkeypatch.setattr(storage.reader, "_KEYS_PER_TXN", 2)
+    recs = [make_record(i, num_boxes=1) for i in range(5)]
+    write(tmp_path / "s", recs)
+    free = FeatureReader(tmp_path / "s")
+    keys = free.keys()
+    assert next(keys) == "img_000000" and not free.shards[0].env.flags()["lock"]
+    locked = FeatureReader(tmp_path / "s", lock=True)
+    same(locked["img_000001"], recs[1], np.float16)
+    assert locked.shards[0].env.flags()["lock"]
+    # the lock-free reader, mid-iteration, goes on through the one environment this process may hold
+    assert list(keys) == [rec.img_id for rec in recs[1:]]
+    same(free["img_000004"], recs[4], np.float16)
+    assert free.shards[0].env is locked.shards[0].env
+    assert FeatureReader(tmp_path / "s").shards[0].env.flags()["lock"]
+
+
+def test_lock_true_while_a_lock_free_view_is_open_is_refused(tmp_path, make_record):
+    write(tmp_path / "s", [make_record(0)])
+    with FeatureReader(tmp_path / "s").view() as v:
+        with pytest.raises(StoreError, match="view"):
+            len(FeatureReader(tmp_path / "s", lock=True))
+        assert v["img_000000"].num_boxes == 36
+    assert len(FeatureReader(tmp_path / "s", lock=True)) == 1

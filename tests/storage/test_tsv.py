@@ -184,3 +184,38 @@ def test_cli_import_into_an_existing_store_takes_its_shapes(tmp_path, make_recor
     r = FeatureReader(tmp_path / "s")
     assert len(r) == 2 and r.dtype == "float32"
     same(r[rec.img_id], rec)
+
+
+@pytest.mark.parametrize("boxes", [[0, 0, 36, 0, 5], [0, 0]], ids=["empty_first", "all_empty"])
+def test_feature_width_comes_from_the_first_record_with_boxes(tmp_path, make_record, same, boxes):
+    recs = [make_record(i, num_boxes=n, feature_dim=64) for i, n in enumerate(boxes)]
+    (tmp_path / "in.tsv").write_text("".join(tsv_line(rec) for rec in recs))
+    report = import_records(read_tsv(tmp_path / "in.tsv"), tmp_path / "in.tsv", tmp_path / "s")
+    assert (report.written, report.bad) == (len(recs), [])
+    r = FeatureReader(tmp_path / "s")
+    assert r.feature_dim == (64 if any(boxes) else 2048)
+    assert list(r.keys()) == [rec.img_id for rec in recs]
+    for rec in recs:
+        got = r[rec.img_id]
+        assert got.features.shape == (rec.num_boxes, r.feature_dim)
+        if rec.num_boxes:
+            same(got, rec, np.float16)
+
+
+def test_held_back_empty_records_stay_in_order_with_duplicates_and_bad_lines(tmp_path, make_record):
+    empty, full = make_record(0, num_boxes=0, feature_dim=64), make_record(1, feature_dim=64)
+    lines = [tsv_line(empty), tsv_line(empty), tsv_line(make_record(2), num_boxes="x"), tsv_line(full)]
+    (tmp_path / "in.tsv").write_text("".join(lines))
+    report = import_records(read_tsv(tmp_path / "in.tsv"), tmp_path / "in.tsv", tmp_path / "s", skip_bad=True)
+    assert report.written == 2 and len(report.bad) == 2
+    assert any("duplicate id 'img_000000'" in b and "line 2" in b for b in report.bad)
+    assert FeatureReader(tmp_path / "s").feature_dim == 64
+
+
+def test_cli_import_of_empty_records_into_an_existing_store_takes_its_width(tmp_path, make_record):
+    with FeatureWriter(tmp_path / "s", feature_dim=64) as w:
+        w.put(make_record(0))
+    (tmp_path / "in.tsv").write_text(tsv_line(make_record(1, num_boxes=0, feature_dim=64)))
+    assert main(["features", "import", str(tmp_path / "in.tsv"), str(tmp_path / "s")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    assert len(r) == 2 and r["img_000001"].features.shape == (0, 64)
