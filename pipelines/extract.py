@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DEPTH = 2  # batches in flight per replica: one detecting, one decoded and queued behind it
 DECODE_CPUS = 0.25  # the reservation of each replica's decoder
+STARTUP_WARN_S = 60.0  # how often to say that the replicas are still waiting to be placed
 MAX_LOGGED_FAILURES = 20
 SETTINGS_KEYS = ("preset", "selection", "min_boxes", "max_boxes", "overrides", "weights_sha256")
 
@@ -60,10 +61,15 @@ class ExtractConfig:
     address: str | None = None
     max_failures: int = 0
     max_attempts: int = 3  # tries per image (a batch, then alone) before it is recorded as failed
+    startup_timeout: float = 600.0  # seconds to wait for the replicas to be placed and built
     dtype: str = "float16"
     commit_seconds: float = 2.0  # commit at least this often, so a kill loses seconds of work
     progress: bool = True
     include_dashboard: bool = True
+
+
+class JobError(RuntimeError):
+    """The job cannot go on: its replicas cannot be placed, or keep dying whatever they are given."""
 
 
 @dataclass
@@ -205,8 +211,7 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
         decoder_cls = ray.remote(_Decoder).options(num_cpus=DECODE_CPUS, max_restarts=0)
         slots = [_Slot(replica_cls, decoder_cls, build, plan.threads) for _ in range(plan.workers)]
         try:
-            infos = ray.get([s.handle.info.remote() for s in slots])
-            ray.get([s.decoder.ready.remote() for s in slots])
+            infos = _await_replicas(slots, plan, cfg.startup_timeout)
         except ray.exceptions.RayActorError as exc:
             lines = [line for line in str(exc).splitlines() if line.strip()]
             raise InputError(f"the detector replicas could not start: {lines[-1] if lines else exc}") from exc
@@ -281,13 +286,11 @@ class _Slot:
         ray.kill(self.handle)
         ray.kill(self.decoder)
 
-    def restart(self) -> list[_Unit]:
-        """Replace replica and decoder (either may be the one that died); hand back their batches."""
+    def restart(self) -> None:
+        """Replace replica and decoder (either may be the one that died); their batches are the caller's."""
         self.kill()
         self.handle, self.decoder = self._make()
-        lost = list(self.inflight.values())
         self.inflight.clear()
-        return lost
 
 
 class _Job:
@@ -302,6 +305,15 @@ class _Job:
         self.done = 0
         self.failed = 0
         self.restarts = 0
+        # Each restart charges one attempt to the one batch its actor died on, and a charged batch comes
+        # back as single images that are given up after `max_attempts`: so even if every batch in flight
+        # at once (workers x DEPTH of them, batch_size images each) were entirely poisonous, they could
+        # not cause more than max_attempts x batch_size x workers x DEPTH restarts without a batch
+        # finishing in between; `workers` more allow for a node going away with all its replicas. A longer
+        # run of deaths is the replicas themselves failing (out of memory, a broken GPU or node), which
+        # would otherwise mark every remaining image failed, one restart at a time.
+        self.restart_limit = cfg.max_attempts * cfg.batch_size * len(slots) * DEPTH + len(slots)
+        self.deaths_in_a_row = 0  # restarts since the last batch that finished
         self.retry: deque[_Unit] = deque()
         self.paths: dict[str, str] = {}
         self.errors_file = errors_path(cfg.out)
@@ -343,24 +355,60 @@ class _Job:
                 last_commit = time.monotonic()
 
     def _collect(self, ref: ray.ObjectRef, slot: _Slot, owner: dict) -> None:
-        unit = slot.inflight[ref]
         try:
-            records, failures = ray.get(ref)
+            result = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            log.warning(
-                "a replica or its decoder died (%s); restarting both, retrying their images", _first_line(exc)
-            )
-            for lost_ref in list(slot.inflight):
-                owner.pop(lost_ref, None)
-            self.restarts += 1
-            for lost in slot.restart():
-                self._requeue(lost, f"its replica or decoder died: {_first_line(exc)}")
+            self._replace(slot, owner, exc)
             return
         except ray.exceptions.RayError as exc:
-            del slot.inflight[ref]
-            self._requeue(unit, _first_line(exc))
+            self._requeue(slot.inflight.pop(ref), _first_line(exc))
             return
-        del slot.inflight[ref]
+        self._store(slot.inflight.pop(ref), result)
+
+    def _replace(self, slot: _Slot, owner: dict, exc: BaseException) -> None:
+        """A replica or decoder died: keep what it finished, charge the batch it died on, retry the rest.
+
+        Both actors run their calls one at a time in submission order, so the oldest batch whose call
+        failed is the one being decoded or detected when the actor died; the batches behind it failed only
+        because of that death and get their attempt back. Which failed result `ray.wait` hands over first
+        is a race, so it does not decide whom to charge.
+        """
+        reason = f"its replica or decoder died: {_first_line(exc)}"
+        culprit: _Unit | None = None
+        lost: list[_Unit] = []
+        for ref, unit in list(slot.inflight.items()):
+            owner.pop(ref, None)
+            try:
+                # resolves soon: the dead actor fails its calls, the live one finishes what it has
+                result = ray.get(ref)
+            except ray.exceptions.RayError:
+                if culprit is None:
+                    culprit = unit
+                else:
+                    unit.attempts -= 1
+                    lost.append(unit)
+                continue
+            self._store(unit, result)  # finished before the death
+        self.restarts += 1
+        self.deaths_in_a_row += 1
+        if self.deaths_in_a_row > self.restart_limit:
+            raise JobError(
+                f"the detector replicas died {self.deaths_in_a_row} times in a row without finishing a "
+                f"batch (last: {_first_line(exc)}), more than bad images in the batches in flight could "
+                "cause: the replicas themselves fail (out of memory? a broken GPU or node?). Stopped; see "
+                "the Ray logs (/tmp/ray/session_latest/logs on the nodes), then rerun the same command to "
+                "resume"
+            )
+        log.warning(
+            "a replica or its decoder died (%s); restarting both, retrying their images", _first_line(exc)
+        )
+        slot.restart()
+        for unit in ([culprit] if culprit is not None else []) + lost:
+            self._requeue(unit, reason)
+
+    def _store(self, unit: _Unit, result: tuple[list, list[tuple[str, str]]]) -> None:
+        self.deaths_in_a_row = 0
+        records, failures = result
         for rec in records:
             if self.writer.put(rec):
                 self.done += 1
@@ -412,11 +460,14 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
 
     Every Ray actor reserves 1 CPU unless told otherwise; on a 2-core machine two such replicas would
     leave nothing for the decoders and the job would wait forever, so the reservations are computed
-    (fractions allowed) and a request that cannot fit is refused up front.
+    (fractions allowed) and a request that cannot fit is refused up front. An actor lives on one node,
+    so a reservation is also capped at what the largest node offers: on 2 nodes x 2 CPUs one replica
+    gets 1.75 CPUs, not the 3.75 of the cluster's total that no node has.
     """
     resources = ray.cluster_resources()
     cpus = float(resources.get("CPU", local_cpu_count()))
     gpus = float(resources.get("GPU", 0))
+    node_cpus, node_gpus = _largest_node(cpus, gpus)
     use_gpu = gpus > 0 and cfg.gpus_per_worker > 0
     if use_gpu:
         workers = cfg.workers or max(1, int(gpus // cfg.gpus_per_worker))
@@ -428,11 +479,18 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
                 f"the cluster has {gpus:g}",
                 local,
             )
+        if cfg.gpus_per_worker > node_gpus:
+            _refuse(
+                f"a replica asks for {cfg.gpus_per_worker:g} GPUs but the largest node has {node_gpus:g}; "
+                "lower --gpus-per-worker",
+                local,
+            )
     else:
         workers = cfg.workers or 1
         per_cpu = cfg.cpus_per_worker
         if per_cpu is None:
-            per_cpu = math.floor((cpus / workers - DECODE_CPUS) * 100) / 100
+            share = min(cpus / workers, node_cpus) - DECODE_CPUS
+            per_cpu = math.floor(share * 100) / 100
             if per_cpu <= 0:
                 _refuse(f"{workers} CPU replicas do not fit in {cpus:g} CPUs; lower --workers", True)
     if workers * (per_cpu + DECODE_CPUS) > cpus + 1e-9:
@@ -442,9 +500,76 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
             "(fractions allowed)",
             local,
         )
+    if per_cpu > node_cpus + 1e-9:
+        _refuse(
+            f"a replica asks for {per_cpu:g} CPUs but the largest node has {node_cpus:g}, so it would "
+            "wait forever; lower --cpus-per-worker (fractions allowed)",
+            local,
+        )
     threads = max(1, round(per_cpu))
     return _Plan(
         workers, per_cpu, cfg.gpus_per_worker if use_gpu else 0.0, threads, "cuda" if use_gpu else "cpu"
+    )
+
+
+def _largest_node(cpus: float, gpus: float) -> tuple[float, float]:
+    """The most CPUs and the most GPUs one alive node has (the cluster's totals if Ray lists no node)."""
+    alive = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not alive:
+        return cpus, gpus
+    return max(float(r.get("CPU", 0)) for r in alive), max(float(r.get("GPU", 0)) for r in alive)
+
+
+def _await_replicas(slots: list[_Slot], plan: _Plan, timeout: float) -> list[dict]:
+    """Each replica's info once every replica and decoder has started; JobError after `timeout` seconds.
+
+    A request the cluster cannot place (on a cluster the plan only warns, an autoscaler may add nodes)
+    would otherwise leave `ray.get` waiting forever. A replica that fails to start raises at once.
+    """
+    infos = [s.handle.info.remote() for s in slots]
+    pending = infos + [s.decoder.ready.remote() for s in slots]
+    t0 = time.monotonic()
+    next_warning = t0 + STARTUP_WARN_S
+    while pending:
+        now = time.monotonic()
+        if now >= t0 + timeout:
+            raise JobError(
+                f"{len(pending)} of {2 * len(slots)} replicas and decoders were still not started after "
+                f"{timeout:g}s (--startup-timeout): asked for {_requested(plan)}; {_cluster_state()}. "
+                "Lower --workers, --cpus-per-worker or --gpus-per-worker, or add nodes"
+            )
+        wait_s = min(t0 + timeout, next_warning) - now
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(wait_s, 0.0))
+        ray.get(ready)
+        if not ready and time.monotonic() >= next_warning:
+            log.warning(
+                "still waiting after %.0fs for %d of %d replicas and decoders to start: asked for %s; %s",
+                time.monotonic() - t0,
+                len(pending),
+                2 * len(slots),
+                _requested(plan),
+                _cluster_state(),
+            )
+            next_warning += STARTUP_WARN_S
+    return ray.get(infos)
+
+
+def _requested(plan: _Plan) -> str:
+    return (
+        f"{plan.workers} replica(s) of {plan.cpus:g} CPU and {plan.gpus:g} GPU, "
+        f"each with a {DECODE_CPUS:g} CPU decoder"
+    )
+
+
+def _cluster_state() -> str:
+    total = ray.cluster_resources()
+    free = ray.available_resources()
+    alive = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    nodes = ", ".join(f"{r.get('CPU', 0):g} CPU/{r.get('GPU', 0):g} GPU" for r in alive[:8])
+    more = f" and {len(alive) - 8} more" if len(alive) > 8 else ""
+    return (
+        f"the cluster has {total.get('CPU', 0):g} CPU and {total.get('GPU', 0):g} GPU on {len(alive)} "
+        f"node(s) ({nodes}{more}), {free.get('CPU', 0):g} CPU and {free.get('GPU', 0):g} GPU free now"
     )
 
 

@@ -12,6 +12,7 @@ IMAGE_SUFFIXES = frozenset(
 )
 LIST_SUFFIXES = frozenset({".txt", ".lst", ".list"})
 ID_RULES = ("stem", "relpath")
+MAX_ID_BYTES = 511  # the feature store's key limit (LMDB's), in UTF-8 bytes: see storage/codec.py
 
 
 class InputError(ValueError):
@@ -52,16 +53,29 @@ def iter_images(
 
 
 def unique_ids(sources: Sequence[str | Path], recursive: bool = False, id_from: str = "stem") -> set[str]:
-    """The ids of all images; InputError naming the clashing files when two share an id, or none are found.
+    """The ids of all images; InputError naming the files if ids clash or overflow a key, or none is found.
 
     Memory grows with the number of names (not images): the price of refusing duplicates before any work.
     """
     seen: set[str] = set()
     clashes: list[str] = []
+    too_long: ImageInput | None = None  # the first of `n_long`
+    n_long = 0
     for item in iter_images(sources, recursive, id_from):
         if item.img_id in seen:
             clashes.append(item.img_id)
         seen.add(item.img_id)
+        if len(item.img_id.encode("utf-8")) > MAX_ID_BYTES:
+            too_long = too_long or item
+            n_long += 1
+    if too_long is not None:
+        size = len(too_long.img_id.encode("utf-8"))
+        more = f" (and {n_long - 1} more)" if n_long > 1 else ""
+        hint = "; use --id-from stem" if id_from == "relpath" else ""
+        raise InputError(
+            f"image {too_long.path!r}{more}: its id is {size} bytes long, more "
+            f"than the {MAX_ID_BYTES} bytes a feature store key holds; shorten the file names{hint}"
+        )
     if not seen:
         hint = "" if recursive else "; add --recursive to descend into sub-folders"
         raise InputError(

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 DASHBOARD_HOST = "127.0.0.1"
+# what a job's Ray workers import; uploaded when this driver joins a cluster by address
+SHIPPED_PACKAGES = ("extraction", "storage", "model", "pipelines")
 
 
 @dataclass
@@ -66,7 +70,8 @@ def init_ray(
     - `address=None`: inside a Ray Job (RAY_ADDRESS set by Ray) join that cluster; otherwise start a
       private local instance with `num_cpus` (default: the CPUs this process may use) and the dashboard
       bound to 127.0.0.1. A bare `ray.init()` would silently join whatever `ray start` left running.
-    - `"auto"`, `"HOST:PORT"` or `"ray://HOST:10001"`: join that cluster.
+    - `"auto"`, `"HOST:PORT"` or `"ray://HOST:10001"`: join that cluster and upload xmodal's packages
+      for its workers (`shipped_code`); the nodes must already have the dependencies (torch, ...).
     - `"http://HEAD:8265"` is the Jobs API, not a driver address: use `xmodal submit` for it.
     """
     import ray
@@ -78,6 +83,8 @@ def init_ray(
             f"{address} is a Ray Jobs (dashboard) address; run the command there with "
             f"`xmodal submit --address {address} -- <command>`"
         )
+    # inside a Ray Job (RAY_ADDRESS set by Ray) the job's working dir already holds the code
+    runtime_env = shipped_code() if address is not None else None
     if address is None and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]
     if address is None:
@@ -93,9 +100,20 @@ def init_ray(
     else:
         if address != "auto":
             enable_token_auth_if_available()
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
         log.info("joined the Ray cluster at %s", address)
     return RaySession(address=_current_address(), started_here=True)
+
+
+def shipped_code() -> dict:
+    """A runtime_env uploading xmodal's packages, so that workers on other machines can import them."""
+    dirs = []
+    for name in SHIPPED_PACKAGES:
+        spec = importlib.util.find_spec(name)  # found without importing (torch would come with it)
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError(f"package {name!r} is not importable here; install xmodal (pip install -e .)")
+        dirs.append(str(Path(next(iter(spec.submodule_search_locations))).resolve()))
+    return {"py_modules": dirs}
 
 
 def _current_address() -> str:

@@ -18,11 +18,13 @@ Resume is the default: ids already in --out are skipped, so rerun the same comma
 Beside the store: NAME.errors.jsonl (this run's failed images: img_id, path, reason) and
 NAME.summary.json (total, done, skipped, failed, images_per_s, elapsed_s, ...), also printed.
 Exit status: 0; 2 when more than --max-failures images failed (after finishing all others); 1 for
-unusable input (missing path, duplicate ids, settings that differ from the existing store's).
+unusable input (missing path, duplicate or too long ids, settings that differ from the existing store's),
+replicas the cluster cannot start within --startup-timeout, or replicas that keep dying.
 
 --address: none = a private local Ray instance (dashboard on 127.0.0.1); auto / HOST:6379 / ray://HOST:10001
-join a cluster from this machine; http://HEAD:8265 submits this same command as a Ray Job (like
-`xmodal submit`), so give paths the cluster can see.
+join a cluster from this machine, uploading xmodal's packages (every node needs the dependencies: torch,
+...); http://HEAD:8265 submits this same command as a Ray Job (like `xmodal submit`), so give paths the
+cluster can see.
 """
 
 
@@ -78,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:10001 or http://HEAD:8265"
     )
     ray_group.add_argument(
+        "--startup-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up (exit 1) when the replicas are not all started after this long (default: 600)",
+    )
+    ray_group.add_argument(
         "--max-failures",
         type=int,
         default=0,
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return _submit_self(args)
 
     from extraction.config import resolve_config
-    from pipelines.extract import ExtractConfig, run_extract
+    from pipelines.extract import ExtractConfig, JobError, run_extract
     from pipelines.image_inputs import InputError
 
     try:
@@ -121,13 +129,14 @@ def run(args: argparse.Namespace) -> int:
         cpus_per_worker=args.cpus_per_worker,
         address=args.address,
         max_failures=args.max_failures,
+        **({"startup_timeout": args.startup_timeout} if args.startup_timeout is not None else {}),
     )
-    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1):
-        log.error("--batch-size and --workers must be at least 1")
+    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or cfg.startup_timeout <= 0:
+        log.error("--batch-size and --workers must be at least 1, --startup-timeout above 0")
         return 1
     try:
         summary = run_extract(cfg)
-    except InputError as exc:
+    except (InputError, JobError) as exc:
         log.error("%s", exc)
         return 1
     print(json.dumps(summary.__dict__, indent=2))
@@ -156,6 +165,7 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         "--workers": args.workers,
         "--gpus-per-worker": args.gpus_per_worker,
         "--cpus-per-worker": args.cpus_per_worker,
+        "--startup-timeout": args.startup_timeout,
         "--max-failures": args.max_failures,
     }
     for flag, value in flags.items():

@@ -1,4 +1,5 @@
-"""`xmodal extract` on generated folders: ids, store == direct detection, failures, resume, kill -9."""
+"""`xmodal extract` on generated folders: ids, store == direct detection, failures, resume, kill -9;
+the driver's retry bookkeeping and the resource plan against a fake Ray."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -186,6 +188,211 @@ def test_missing_input_and_empty_folder_are_clear_errors(tmp_path):
         unique_ids([tmp_path / "empty"])
 
 
+def test_an_id_longer_than_a_store_key_is_refused_before_any_work_naming_the_file(tmp_path):
+    from pipelines.extract import run_extract
+
+    deep = tmp_path / "a" / ("d" * 200) / ("e" * 200) / ("f" * 200)
+    make_images(deep, 1)
+    with pytest.raises(InputError, match="511") as exc:
+        unique_ids([tmp_path / "a"], recursive=True, id_from="relpath")
+    assert str(deep / "img_000.png") in str(exc.value) and "--id-from stem" in str(exc.value)
+    assert unique_ids([tmp_path / "a"], recursive=True) == {"img_000"}
+
+    out = tmp_path / "feats.lmdb"
+    with pytest.raises(InputError, match="511"):
+        run_extract(config(tmp_path / "a", out, recursive=True, id_from="relpath"))
+    assert not out.exists()
+
+
+# ---- the driver loop against a fake Ray: which attempts a dead replica costs ----
+
+
+class FakeRef:
+    def __init__(self, result=None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+
+
+class FakeRay:
+    """Stands in for `ray` in pipelines.extract: calls run when submitted; `wait` hands back the oldest or
+    the newest result first (when an actor dies, which of its failed calls the driver sees first is a race).
+    """
+
+    def __init__(self, newest_first: bool = False) -> None:
+        import ray
+
+        self.exceptions = ray.exceptions
+        self.newest_first = newest_first
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        order = refs[::-1] if self.newest_first else refs
+        return order[:num_returns], order[num_returns:]
+
+    def get(self, ref: FakeRef):
+        if ref.error is not None:
+            raise ref.error
+        return ref.result
+
+    def kill(self, actor) -> None:
+        actor.alive = False
+
+
+class FakeReplica:
+    """Dies (with every call queued behind) on a batch holding a poisonous image; None: on every batch."""
+
+    def __init__(self, poison: set[str] | None) -> None:
+        self.poison = poison
+        self.alive = True
+        self.detect = SimpleNamespace(remote=self._detect)
+
+    def _detect(self, items):
+        import ray
+
+        if self.poison is None or any(i.img_id in self.poison for i in items):
+            self.alive = False
+        if not self.alive:
+            return FakeRef(error=ray.exceptions.RayActorError(error_msg="The actor died unexpectedly"))
+        return FakeRef(result=([i.img_id for i in items], []))
+
+
+class FakeDecoder:
+    alive = True
+    decode = SimpleNamespace(remote=lambda items: items)
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+
+    def put(self, rec: str) -> bool:
+        self.stored.append(rec)
+        return True
+
+    def flush(self) -> None:
+        pass
+
+
+def fake_job(
+    monkeypatch, tmp_path, batches: list[list[str]], poison: set[str] | None, workers=1, newest_first=False
+):
+    """A `_Job` on fake replicas, and its batches of `ImageInput`s named by id."""
+    from pipelines import extract
+    from pipelines.image_inputs import ImageInput
+
+    monkeypatch.setattr(extract, "ray", FakeRay(newest_first))
+    replica_cls = SimpleNamespace(remote=lambda build, threads: FakeReplica(poison))
+    decoder_cls = SimpleNamespace(remote=FakeDecoder)
+    slots = [extract._Slot(replica_cls, decoder_cls, {}, 1) for _ in range(workers)]
+    cfg = extract.ExtractConfig(inputs=[], out=str(tmp_path / "f.lmdb"), batch_size=2, progress=False)
+    job = extract._Job(cfg, FakeWriter(), slots, sum(map(len, batches)))
+    units = (extract._Unit([ImageInput(i, f"/images/{i}.jpg") for i in batch]) for batch in batches)
+    return job, units
+
+
+@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
+def test_a_dead_replica_charges_only_the_batch_it_died_on(monkeypatch, tmp_path, newest_first):
+    """'p' kills its replica every time: its batch-mate 'a' and the batch queued behind ('b', 'c') are
+    retried without running out of attempts; 'p' alone is given up, after exactly 3 attempts."""
+    batches = [["p", "a"], ["b", "c"], ["d", "e"]]
+    job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, newest_first=newest_first)
+    job.run(units)
+
+    assert sorted(job.writer.stored) == ["a", "b", "c", "d", "e"]
+    assert (job.done, job.failed, job.restarts) == (5, 1, 3)
+    errors = read_errors(tmp_path / "f.lmdb")
+    assert list(errors) == ["p"] and errors["p"]["path"] == "/images/p.jpg"
+    assert errors["p"]["reason"].startswith("gave up after 3 attempts: its replica or decoder died")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_batch_in_flight_poisonous_stays_under_the_restart_limit(monkeypatch, tmp_path, workers):
+    n_bad = 2 * 2 * workers  # batch_size x DEPTH x workers: everything the replicas hold at once
+    ids = [f"bad{i}" for i in range(n_bad)] + [f"ok{i}" for i in range(6)]
+    batches = [ids[i : i + 2] for i in range(0, len(ids), 2)]
+    job, units = fake_job(monkeypatch, tmp_path, batches, poison=set(ids[:n_bad]), workers=workers)
+    job.run(units)
+
+    assert sorted(job.writer.stored) == sorted(ids[n_bad:])
+    assert sorted(read_errors(tmp_path / "f.lmdb")) == sorted(ids[:n_bad])
+    assert job.restarts <= job.restart_limit
+
+
+def test_replicas_that_never_finish_a_batch_stop_the_job(monkeypatch, tmp_path):
+    from pipelines.extract import JobError
+
+    batches = [[f"img{i}", f"img{i + 1}"] for i in range(0, 200, 2)]
+    job, units = fake_job(monkeypatch, tmp_path, batches, poison=None)
+    with pytest.raises(JobError, match="died 14 times in a row without finishing a batch"):
+        job.run(units)
+    assert job.restart_limit == 3 * 2 * 1 * 2 + 1 and job.restarts == 14
+    assert job.failed < 10  # not every image of the input marked failed, one restart at a time
+
+
+# ---- resources and connection, with Ray's answers mocked ----
+
+
+def test_a_replica_reservation_fits_on_the_largest_node(monkeypatch, caplog):
+    import ray
+
+    from pipelines.extract import DECODE_CPUS, ExtractConfig, _plan_resources
+
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
+        {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},  # a dead node offers nothing
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+
+    def plan(**kw):
+        return _plan_resources(ExtractConfig(inputs=[], out="f.lmdb", **kw), local=False)
+
+    one = plan()
+    assert (one.workers, one.cpus, one.threads, one.device) == (1, 2.0 - DECODE_CPUS, 2, "cpu")
+    assert plan(workers=2).cpus == 1.75 and plan(workers=4).cpus == 0.75
+    assert "would" not in caplog.text
+    assert plan(cpus_per_worker=3.0).cpus == 3.0  # on a cluster an autoscaler may add a larger node...
+    assert "largest node has 2" in caplog.text
+    with pytest.raises(InputError, match="largest node has 2"):  # ...on this machine nothing will
+        _plan_resources(ExtractConfig(inputs=[], out="f.lmdb", cpus_per_worker=3.0), local=True)
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0, "GPU": 2.0})
+    gpu = plan()
+    assert (gpu.workers, gpu.gpus, gpu.cpus, gpu.device) == (2, 1.0, 1.0, "cuda")
+    with pytest.raises(InputError, match="largest node has 1"):
+        _plan_resources(ExtractConfig(inputs=[], out="f.lmdb", gpus_per_worker=2.0), local=True)
+
+
+@pytest.mark.parametrize("address", ["auto", "10.0.0.1:6379", "ray://10.0.0.1:10001"])
+def test_joining_a_cluster_by_address_uploads_the_packages(monkeypatch, address):
+    import ray
+
+    from pipelines import ray_runtime
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray_runtime, "enable_token_auth_if_available", lambda: False)
+    monkeypatch.setattr(ray_runtime, "_current_address", lambda: "10.0.0.1:6379")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    ray_runtime.init_ray(address)
+    (kw,) = calls
+    assert kw["address"] == address
+    modules = [Path(p) for p in kw["runtime_env"]["py_modules"]]
+    assert [m.name for m in modules] == ["extraction", "storage", "model", "pipelines"]
+    assert all((m / "__init__.py").is_file() for m in modules)
+
+    calls.clear()  # inside a Ray Job: the job's working dir already holds the code
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    ray_runtime.init_ray(None)
+    assert calls[0]["address"] == "10.0.0.1:6379" and calls[0].get("runtime_env") is None
+
+    calls.clear()  # a private local instance runs this machine's code
+    monkeypatch.delenv("RAY_ADDRESS")
+    ray_runtime.init_ray(None)
+    assert calls[0]["address"] == "local" and "runtime_env" not in calls[0]
+
+
 # ---- the Ray job, in process ----
 
 
@@ -250,6 +457,65 @@ def test_two_replicas_store_equals_direct_detection_and_survives_a_replica_kill(
     # the CLI cannot shrink the network like TINY does: resuming with other settings is refused up front
     argv = ["extract", str(image_dir), "--out", str(out), "--min-size", "64", "--max-size", "96"]
     assert main([*argv, "--min-boxes", str(BOXES), "--max-boxes", str(BOXES)]) == 1
+
+
+@pytest.mark.slow
+def test_batched_store_equals_detect_on_the_same_batches(image_dir, ray_session, reference, tmp_path):
+    """batch_size 3 on a store that already holds two ids: every record equals `Detector.detect` on the
+    batch the job formed (listing order, stored ids left out, undecodable files dropped), bit for bit."""
+    import torch
+
+    from extraction import Detector, ImageError, load_image
+    from pipelines.extract import run_extract
+    from storage import FeatureWriter
+
+    out = tmp_path / "batched.lmdb"
+    stored = ["img_001", "img_005"]  # as a resumed run finds them: the batches form around them
+    writer = FeatureWriter(out, feature_dim=reference["img_000"].features.shape[1], max_boxes=BOXES)
+    for img_id in stored:
+        writer.put(reference[img_id])
+    writer.close()
+
+    summary = run_extract(config(image_dir, out, workers=1, cpus_per_worker=1.0, batch_size=3))
+    assert (summary.done, summary.skipped, summary.failed) == (N_GOOD - len(stored), len(stored), 5)
+
+    todo = [item for item in iter_images([image_dir]) if item.img_id not in stored]
+    want = {img_id: reference[img_id] for img_id in stored}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a replica reserving 1 CPU runs one thread
+    try:
+        det = Detector.build(min_boxes=BOXES, max_boxes=BOXES, **TINY)
+        for start in range(0, len(todo), 3):
+            images, ids = [], []
+            for item in todo[start : start + 3]:
+                try:
+                    images.append(load_image(item.path))
+                    ids.append(item.img_id)
+                except ImageError:
+                    continue
+            if ids:
+                want.update((rec.img_id, rec) for rec in det.detect(images, ids))
+    finally:
+        torch.set_num_threads(threads)
+    assert_store_matches(out, want)
+
+
+@pytest.mark.slow
+def test_replicas_the_cluster_cannot_place_stop_after_the_startup_timeout(
+    image_dir, ray_session, tmp_path, caplog
+):
+    """On a cluster (here the test's Ray, joined with --address auto) an unplaceable request only warns at
+    planning, in case an autoscaler adds nodes; --startup-timeout then ends the wait with exit 1."""
+    from pipelines.cli import main
+
+    out = tmp_path / "feats.lmdb"
+    argv = ["extract", str(image_dir), "--out", str(out), "--address", "auto", "--cpus-per-worker", "5"]
+    t0 = time.monotonic()
+    assert main([*argv, "--startup-timeout", "2"]) == 1
+    assert time.monotonic() - t0 < 60
+    assert "not started after 2s (--startup-timeout)" in caplog.text
+    assert "asked for 1 replica(s) of 5 CPU" in caplog.text and "the cluster has 2 CPU" in caplog.text
+    assert not out.exists()
 
 
 # ---- kill -9 of the whole job, then resume ----
