@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import re
 import shlex
 import shutil
+import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -89,7 +93,8 @@ class _Paths:
 
 
 class _Stages:
-    """Runs `xmodal` subcommands in this process, timing each and keeping the command lines."""
+    """Runs `xmodal` subcommands in this process through the CLI parser, timing each and keeping the
+    command lines, so the report lists commands that rerun each stage exactly."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -103,13 +108,28 @@ class _Stages:
         finally:
             self.seconds[name] = round(time.perf_counter() - start, 2)
 
-    def xmodal(self, name: str, argv: list[str]) -> None:
-        """`xmodal ARGV` in-process; raises DemoError on a non-zero exit."""
-        line = shlex.join(["xmodal", *argv])
+    def xmodal(self, name: str, argv: list[str], threads: int | None = None, capture: bool = False) -> str:
+        """`xmodal ARGV` in-process, with `threads` intra-op torch threads if given (shown as the
+        OMP_NUM_THREADS that does the same from a shell); returns what it printed if `capture` (echoed
+        after it ends). Raises DemoError on a non-zero exit."""
+        import torch
+
+        env = [f"OMP_NUM_THREADS={threads}"] if threads else []
+        line = shlex.join([*env, "xmodal", *argv])
         self.commands.append(line)
-        code = self.timed(name, lambda: cli.main(argv))
+        before = torch.get_num_threads()
+        printed = io.StringIO()
+        try:
+            if threads:
+                torch.set_num_threads(threads)
+            with contextlib.redirect_stdout(printed) if capture else contextlib.nullcontext():
+                code = self.timed(name, lambda: cli.main(argv))
+        finally:
+            torch.set_num_threads(before)
+            sys.stdout.write(printed.getvalue())
         if code:
             raise DemoError(f"demo stage {name!r} failed with exit status {code}; rerun it alone: {line}")
+        return printed.getvalue()
 
 
 def _answer(label: dict) -> str:
@@ -162,52 +182,24 @@ def score_predictions(predictions: Path, test_rows: list[dict]) -> dict:
     }
 
 
-def _detector_overrides(cfg: DemoConfig) -> dict:
-    return {
-        "min_size": cfg.image_size,
-        "max_size": cfg.image_size,
-        "post_nms_topk": cfg.proposals,
-        "pooler_resolution": cfg.pooler_resolution,
-    }
-
-
 def _extract(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> None:
-    """`xmodal extract`'s Ray job, called through its API: the CLI sets only the input size, while the
-    demo also needs fewer proposals and a smaller RoI pool to fit a CPU budget."""
-    from pipelines.extract import ExtractConfig, run_extract
-
-    job = ExtractConfig(
-        inputs=[str(data.images_dir)],
-        out=str(paths.features),
-        weights=cfg.weights,
-        min_boxes=cfg.boxes,
-        max_boxes=cfg.boxes,
-        overrides=_detector_overrides(cfg),
-        batch_size=cfg.extract_batch_size,
-        workers=1,
-        progress=False,
-    )
-    stages.commands.append(f"pipelines.extract.run_extract({job!r})")
-    summary = stages.timed("extract", lambda: run_extract(job))
-    if summary.exit_code or summary.failed:
-        raise DemoError(f"extraction failed for {summary.failed} image(s); see {summary.errors}")
+    # Detector at toy scale for a CPU budget: small input, few proposals, a small RoI pool. `xmodal ask`
+    # and training read these settings back from the store's provenance.
+    weights = ["--weights", cfg.weights] if cfg.weights else []
+    stages.xmodal(
+        "extract",
+        ["extract", str(data.images_dir), "--out", str(paths.features), *weights,
+         "--min-boxes", str(cfg.boxes), "--max-boxes", str(cfg.boxes),
+         "--min-size", str(cfg.image_size), "--max-size", str(cfg.image_size),
+         "--set", f"post_nms_topk={cfg.proposals}", "--set", f"pooler_resolution={cfg.pooler_resolution}",
+         "--batch-size", str(cfg.extract_batch_size), "--workers", "1"],
+    )  # fmt: skip
 
 
 def _train(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> None:
-    import torch
-
     # One intra-op thread: the tiny model's matrices are too small to split, and on a busy 2-core machine
     # the default thread pool oversubscribes the cores (measured 6 vs 100-300 samples/s in pre-training).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _train_stages(stages, cfg, data, paths)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train_stages(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> None:
-    # DataLoader worker processes cost more than they give for a tiny model on 2 cores
+    # DataLoader worker processes cost more than they give for a tiny model on 2 cores.
     common = ["--features", str(paths.features), "--vocab", str(data.vocab), "--seed", str(cfg.seed),
               "--batch-size", str(cfg.batch_size), "train.loader_workers=0",
               f"train.log_every={cfg.log_every}", f"train.eval_every={cfg.eval_every}"]  # fmt: skip
@@ -216,41 +208,53 @@ def _train_stages(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, path
         ["pretrain", "--train", str(data.pretrain["train"]), "--valid", str(data.pretrain["valid"]),
          "--out", str(paths.pretrain), "--preset", "tiny", "--max-steps", str(cfg.pretrain_steps),
          "--lr", str(cfg.pretrain_lr), *common, *cfg.overrides],
+        threads=1,
     )  # fmt: skip
     stages.xmodal(
         "finetune",
         ["finetune", "vqa", "--train", str(data.vqa["train"]), "--valid", str(data.vqa["valid"]),
          "--init", str(paths.pretrain / "last"), "--out", str(paths.vqa),
          "--max-steps", str(cfg.finetune_steps), "--lr", str(cfg.finetune_lr), *common, *cfg.overrides],
+        threads=1,
     )  # fmt: skip
     stages.xmodal(
         "evaluate",
         ["evaluate", "vqa", "--checkpoint", str(paths.vqa / "best"), "--features", str(paths.features),
          "--split", str(data.vqa["test"]), "--out", str(paths.predictions)],
+        threads=1,
     )  # fmt: skip
 
 
+_ANSWER_LINE = re.compile(r"^\s*(-?\d+\.\d+)  (.+)$")  # `xmodal ask` prints "  0.731  red"
+
+
 def _ask(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths, test_rows: list[dict]):
-    """`xmodal ask` on the first held-out colour question, through its API for the same reason as
-    extraction: the CLI restores only the recorded input size, not the demo's proposal and pool sizes."""
-    from pipelines.ask import ask_image
+    """`xmodal ask` on the first held-out colour question; it restores the demo's detector settings from
+    the extraction recorded in the checkpoint."""
     from pipelines.report import AskResult
 
     row = next((r for r in test_rows if r["question_type"] == "what color is the"), test_rows[0])
     image = data.images_dir / f"{row['img_id']}.png"
     explain = paths.root / "report" / "ask_attention.png"
-    kwargs = dict(weights=cfg.weights, top_k=5, explain=explain, **_detector_overrides(cfg))
-    stages.commands.append(f"pipelines.ask.ask_image({str(image)!r}, {row['sent']!r}, "
-                           f"{str(paths.vqa / 'best')!r}, **{kwargs!r})")  # fmt: skip
-    result = stages.timed("ask", lambda: ask_image(image, row["sent"], paths.vqa / "best", **kwargs))
-    return AskResult(image=image, question=row["sent"], answers=result.answers, truth=_answer(row["label"]),
+    weights = ["--weights", cfg.weights] if cfg.weights else []
+    printed = stages.xmodal(
+        "ask",
+        ["ask", str(image), row["sent"], "--checkpoint", str(paths.vqa / "best"), *weights, "--top-k", "5",
+         "--explain", str(explain)],
+        capture=True,
+    )  # fmt: skip
+    answers = [(m[2], float(m[1])) for m in map(_ANSWER_LINE.match, printed.splitlines()) if m]
+    if not answers:
+        raise DemoError(f"`xmodal ask` printed no answers:\n{printed}")
+    return AskResult(image=image, question=row["sent"], answers=answers, truth=_answer(row["label"]),
                      explain_png=explain)  # fmt: skip
 
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run every stage into `cfg.workdir`; returns the summary also written to summary.json."""
     start = time.perf_counter()
-    paths = _Paths(Path(cfg.workdir))
+    # absolute paths, so the recorded commands rerun a stage from any folder
+    paths = _Paths(Path(cfg.workdir).resolve())
     paths.root.mkdir(parents=True, exist_ok=True)
     for path in paths.outputs():
         if path.is_dir():

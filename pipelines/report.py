@@ -239,7 +239,11 @@ def write_report(inputs: ReportInputs) -> Path:
 
     if inputs.commands:
         cmds = "\n".join(html.escape(c) for c in inputs.commands)
-        parts.append(f"<h2>Commands run</h2><pre>{cmds}</pre>")
+        parts.append(
+            "<h2>Commands run</h2><p>One line per stage, in order: paste a line into a shell to rerun "
+            "that stage on the files it read here. Training refuses an <code>--out</code> that already "
+            f"holds a run; give another <code>--out</code> to repeat it.</p><pre>{cmds}</pre>"
+        )
     parts.append("</body></html>")
     out = root / "report.html"
     out.write_text("\n".join(parts))

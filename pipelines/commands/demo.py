@@ -11,7 +11,12 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", default="demo_run", help="where data, features, runs and the report go")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the scenes and of training (default: 0)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the scenes and of training; the same seed gives the same numbers (default: 0)",
+    )
     parser.add_argument("--images", type=int, help="number of generated images (default: 240; --quick: 36)")
     parser.add_argument(
         "--weights",

@@ -104,11 +104,12 @@ def test_report_links_resolve_and_warn_about_random_weights(tmp_path: Path, imag
                 truth="red",
                 explain_png=explain,
             ),
-            commands=["xmodal pretrain --preset tiny"],
+            commands=["xmodal pretrain --preset tiny", "xmodal ask img.png 'what <b>?'"],
         )
     )
     text = report.read_text()
     assert "RANDOM DETECTOR WEIGHTS" in text
+    assert "<pre>xmodal pretrain --preset tiny\nxmodal ask img.png &#x27;what &lt;b&gt;?&#x27;</pre>" in text
     assert "what color is the &lt;b&gt;?" in text and "<b>?" not in text
     assert "80.0%" in text and "20.0%" in text and "+60.0 points" in text
     links = _image_links(report)
