@@ -229,12 +229,14 @@ def _load_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        return load_file(str(path))
     try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"{path}: cannot be read as a tensors-only checkpoint ({err})") from err
+        reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        kind = "safetensors file" if path.suffix == ".safetensors" else "tensors-only checkpoint"
+        raise ValueError(f"{path}: cannot be read as a {kind} ({type(err).__name__}: {reason})") from err
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -306,19 +308,37 @@ def read_release_file(
             f"{path}: no LXMERT backbone found (expected keys like bert.embeddings.word_embeddings.weight); "
             f"first keys: {sorted(hf)[:5]}"
         )
-    cfg = infer_config(hf, num_attention_heads)
+    try:
+        cfg = infer_config(hf, num_attention_heads)
+    except KeyError as err:
+        raise ValueError(f"{path}: incomplete LXMERT backbone, {err.args[0]} is missing") from err
     architecture, kwargs = _guess_architecture(hf, cfg)
     return architecture, cfg, kwargs, from_hf_state(hf, cfg, architecture, source=str(path))
 
 
+def _answer_rows(model: torch.nn.Module) -> int | None:
+    """Rows of the model's QA output layer (pre-training `qa_head`, fine-tuned `answer_head`), if any."""
+    for name in ("qa_head", "answer_head"):
+        head = getattr(model, name, None)
+        if head is not None:
+            return head.classifier.out_features
+    return None
+
+
 def convert_lxmert(
-    src: str | Path, dst_dir: str | Path, to_hf: bool = False, num_attention_heads: int | None = None
+    src: str | Path,
+    dst_dir: str | Path,
+    to_hf: bool = False,
+    num_attention_heads: int | None = None,
+    num_answers: int | None = None,
 ) -> Path:
     """Convert `src` into an xmodal directory at `dst_dir`, or with `to_hf` into a HuggingFace directory.
 
     `src`: a release file (`Epoch20_LXRT.pth`, `model_LXRT.pth`, `BEST.pth`), a HuggingFace directory, or
     an xmodal directory. Release files carry no config: the sizes are read off the weights and the head
-    count is hidden_size / 64 unless `num_attention_heads` says otherwise.
+    count is hidden_size / 64 unless `num_attention_heads` says otherwise. `num_answers`: the size of the
+    answer table meant to go with the QA head; a model without one, or with another number of rows, is
+    refused before anything is written.
     """
     src, dst = Path(src), Path(dst_dir)
     if src.is_dir():
@@ -331,6 +351,15 @@ def convert_lxmert(
 
     model = model_class(architecture)(cfg, **kwargs)
     load_weights(model, state, architecture, source=str(src))
+    if num_answers is not None:
+        rows = _answer_rows(model)
+        if rows is None:
+            raise ValueError(f"{src}: a {architecture} has no QA head for an answer table to label")
+        if rows != num_answers:
+            raise ValueError(
+                f"{src}: the QA head has {rows} answers but the answer table {num_answers}; give the table "
+                "the head was trained with (all_ans.json for Epoch20_LXRT.pth)"
+            )
     if not to_hf:
         model.save_pretrained(dst)
         log.info("converted %s (%s) -> %s", src, architecture, dst)

@@ -39,7 +39,12 @@ def normalize_answer(answer: str) -> str:
 
 
 class AnswerTable:
-    """An ordered list of normalised answers; an answer's label is its position."""
+    """An ordered list of answers; an answer's label is its position.
+
+    A built table holds normalised answers; a loaded one keeps the file's answers and order as they are
+    (the order fixes the rows of a trained head). An answer is looked up as given first, then normalised
+    against the table's answers as given, then against the table's answers normalised, so "Two" finds a
+    table's "2" and "2" finds a table that only lists "two"."""
 
     def __init__(self, answers: Iterable[str]):
         self.answers = list(answers)
@@ -47,6 +52,10 @@ class AnswerTable:
         if len(self._index) != len(self.answers):
             dup = [a for a, n in Counter(self.answers).items() if n > 1][:5]
             raise ValueError(f"answer table lists some answers twice, e.g. {dup}")
+        # table answers that only match once normalised; when several normalise alike, the first row wins
+        self._normalised: dict[str, int] = {}
+        for i, a in enumerate(self.answers):
+            self._normalised.setdefault(normalize_answer(a), i)
 
     @classmethod
     def build(
@@ -62,21 +71,41 @@ class AnswerTable:
 
     @classmethod
     def load(cls, path: str | Path) -> AnswerTable:
-        """An `ans2label` dict ({answer: index}, trainval_ans2label.json) or a `label2ans` list."""
+        """An `ans2label` dict ({answer: index}, trainval_ans2label.json), a `label2ans` list, or the
+        release's `all_ans.json` (a list of {"ans": answer, "dsets": [...]}; its order is the
+        pre-training QA head's, 9500 rows for Epoch20_LXRT.pth)."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read answer table {path}: {exc.strerror}; check the path") from exc
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from exc
         if isinstance(data, list) and all(isinstance(a, str) for a in data):
-            return cls(data)
+            return cls._from_file(data, path)
+        if isinstance(data, list) and all(isinstance(a, dict) for a in data):
+            bad = next((i for i, a in enumerate(data) if not isinstance(a.get("ans"), str)), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{path}: entry {bad} has no string 'ans'; expected all_ans.json's "
+                    '[{"ans": answer, "dsets": [...]}, ...]'
+                )
+            return cls._from_file([a["ans"] for a in data], path)
         if isinstance(data, dict) and all(isinstance(i, int) for i in data.values()):
             if sorted(data.values()) != list(range(len(data))):
                 raise ValueError(f"{path}: ans2label indices must be 0..{len(data) - 1}, each once")
-            return cls(sorted(data, key=data.__getitem__))
+            return cls._from_file(sorted(data, key=data.__getitem__), path)
         raise ValueError(
-            f"{path}: expected an ans2label object {{answer: index}} or a label2ans list of answers"
+            f"{path}: expected an ans2label object {{answer: index}}, a label2ans list of answers, "
+            'or all_ans.json\'s list of {"ans": answer, "dsets": [...]}'
         )
+
+    @classmethod
+    def _from_file(cls, answers: list[str], path: Path) -> AnswerTable:
+        try:
+            return cls(answers)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
 
     def save(self, path: str | Path) -> None:
         """Write the `ans2label` form ({answer: index}), which `load` reads back."""
@@ -86,17 +115,26 @@ class AnswerTable:
         return len(self.answers)
 
     def __contains__(self, answer: object) -> bool:
-        return isinstance(answer, str) and normalize_answer(answer) in self._index
+        return isinstance(answer, str) and self.get(answer) is not None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, AnswerTable) and self.answers == other.answers
 
     def index(self, answer: str) -> int:
-        """The label of `answer` (normalised first); KeyError when absent."""
-        return self._index[normalize_answer(answer)]
+        """The label of `answer` (see the class docstring for the lookup); KeyError when absent."""
+        label = self.get(answer)
+        if label is None:
+            raise KeyError(answer)
+        return label
 
     def get(self, answer: str, default: int | None = None) -> int | None:
-        return self._index.get(normalize_answer(answer), default)
+        label = self._index.get(answer)
+        if label is None:
+            norm = normalize_answer(answer)
+            label = self._index.get(norm)
+            if label is None:
+                label = self._normalised.get(norm)
+        return default if label is None else label
 
     def answer(self, label: int) -> str:
         return self.answers[label]
@@ -105,7 +143,7 @@ class AnswerTable:
         """{answer: score} -> {label index: score} for the answers in the table (best score on clashes)."""
         out: dict[int, float] = {}
         for ans, score in label.items():
-            i = self._index.get(normalize_answer(ans))
+            i = self.get(ans)
             if i is not None:
                 out[i] = max(out.get(i, 0.0), float(score))
         return out

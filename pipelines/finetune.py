@@ -243,8 +243,18 @@ class FinetuneTask:
         _, _, _, state = read_checkpoint(Path(cfg.init))
         head = {k[len("qa_head.") :]: v for k, v in state.items() if k.startswith("qa_head.")}
         table_path = Path(cfg.init_answers) if cfg.init_answers else _find_answer_file(Path(cfg.init))
-        if not head or table_path is None:
-            log.info("%s has no QA head with an answer table: the answer head starts fresh", cfg.init)
+        if not head:
+            log.info("%s has no pre-training QA head: the answer head starts fresh", cfg.init)
+            return
+        if table_path is None:
+            log.warning(
+                "%s has a pre-training QA head but no answer table (%s), so its rows cannot be matched to "
+                "answers: the answer head starts fresh. Pass the head's table with "
+                "task.init_answers=all_ans.json (--init-answers), or convert the release with "
+                "`xmodal convert lxmert Epoch20_LXRT.pth DIR --answers all_ans.json`",
+                cfg.init,
+                " / ".join(PRETRAIN_ANSWER_FILES),
+            )
             return
         copied = seed_answer_head(model.answer_head, head, AnswerTable.load(table_path), self.answers)
         log.info("answer head seeded from %s: %d of %d answers shared", table_path, copied, len(self.answers))

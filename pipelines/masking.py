@@ -1,7 +1,8 @@
 """Pre-training collation (SPEC §2): masked tokens, masked objects, mismatched sentences, QA answers.
 
 Runs in DataLoader workers; every random choice comes from the `rng` handed in, so a batch is a pure
-function of its examples and its seed."""
+function of its examples and its seed. Validation items (`"evaluation": True`) also get the questions'
+clean inputs and the soft score of each of their answers in the table, for the QA accuracy."""
 
 from __future__ import annotations
 
@@ -84,7 +85,11 @@ class MaskingConfig:
 
 
 class PretrainCollator:
-    """(items of PretrainDataset, rng) -> the model's inputs and labels, padded to the set's max boxes."""
+    """(items of PretrainDataset, rng) -> the model's inputs and labels, padded to the set's max boxes.
+
+    With QA on and validation items, `qa_eval` holds every question of the batch, matched to its own image
+    and unmasked, as model inputs; `qa_eval_answers` / `qa_eval_scores` (Q, K) its answers' labels (-100
+    pads) and soft scores; `qa_eval_sources` its `sentf` source names."""
 
     def __init__(
         self,
@@ -169,7 +174,42 @@ class PretrainCollator:
         if cfg.qa:
             qa = [sample_answer(item["answers"], rng) if matched[k] else -100 for k, item in enumerate(items)]
             batch["answer_labels"] = torch.tensor(qa, dtype=torch.long)
+            if items[0].get("evaluation"):
+                batch.update(self._qa_eval(items, feats, boxes, valid))
         return batch
+
+    def _qa_eval(self, items: list[dict], feats: np.ndarray, boxes: np.ndarray, valid: np.ndarray) -> dict:
+        """The questions of the batch as they are (no mismatch, no masking) and their answers' soft scores."""
+        rows = [k for k, item in enumerate(items) if item.get("question")]
+        if not rows:
+            return {}
+        enc = self.tokenizer(
+            [items[k]["sentence"] for k in rows],
+            truncation=True,
+            max_length=self.cfg.max_seq_len,
+            padding="longest",
+            return_tensors="np",
+        )
+        ids = torch.from_numpy(enc["input_ids"].astype(np.int64))
+        width = max(1, max(len(items[k]["answers"]) for k in rows))
+        answers = np.full((len(rows), width), -100, dtype=np.int64)
+        scores = np.zeros((len(rows), width), dtype=np.float32)
+        for q, k in enumerate(rows):
+            for j, (label, score) in enumerate(items[k]["answers"]):
+                answers[q, j], scores[q, j] = label, score
+        return {
+            "qa_eval": {
+                "input_ids": ids,
+                "attention_mask": torch.from_numpy(enc["attention_mask"].astype(np.int64)),
+                "token_type_ids": torch.zeros_like(ids),
+                "visual_feats": torch.from_numpy(feats[rows]),
+                "visual_pos": torch.from_numpy(boxes[rows]),
+                "visual_attention_mask": torch.from_numpy(valid[rows].astype(np.int64)),
+            },
+            "qa_eval_answers": torch.from_numpy(answers),
+            "qa_eval_scores": torch.from_numpy(scores),
+            "qa_eval_sources": [items[k]["source"] for k in rows],
+        }
 
     def _other_sentence(self, img_id: str, rng: np.random.Generator, tries: int = 10) -> str | None:
         """A sentence of a different image, drawn from the whole set as the release does."""

@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from pipelines.pretrain_data import PretrainDataset, PretrainExample, check_imag
 from pipelines.tokenization import load_tokenizer, save_tokenizer, write_vocab
 from pipelines.trainer import TrainConfig, fit, latest_checkpoint
 from storage import FeatureReader
+
+if TYPE_CHECKING:
+    from model.pretraining import PreTrainingOutput
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,8 @@ class PretrainTask:
     def valid_dataset(self) -> PretrainDataset | None:
         if not self.valid_examples:
             return None
-        return PretrainDataset(self.valid_examples, self.features, self._answer_labels(self.valid_examples))
+        answers = self._answer_labels(self.valid_examples)
+        return PretrainDataset(self.valid_examples, self.features, answers, evaluation=True)
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         return self.collator(items, rng)
@@ -144,6 +148,47 @@ class PretrainTask:
         self.qa_active = epoch >= self.config.qa_from_epoch
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        out, total = self._forward(model, batch)
+        return total, {k: float(v.detach()) for k, v in out.losses.items()}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
+        """Means over the validation batches of the loss (weighted as in training) and of each task's loss;
+        matching accuracy over the batches' (seeded) mismatches; QA accuracy as the release and VQA score
+        it: the mean soft score of the predicted answer over every question, asked about its own image
+        without masking (`qa_accuracy`, and `qa_accuracy/<source>` per `sentf` source). A question none
+        of whose answers is in the table scores 0. Nothing about QA is reported before QA starts."""
+        sums: dict[str, float] = {}
+        batches = 0
+        matched = [0, 0]
+        qa: dict[str, list[float]] = {}  # source -> [sum of soft scores, questions]
+        for batch in loader:
+            out, total = self._forward(model, batch)
+            batches += 1
+            sums["loss"] = sums.get("loss", 0.0) + float(total)
+            for k, v in out.losses.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            if out.matched_logits is not None and "matched_labels" in batch:
+                labels = batch["matched_labels"]
+                matched[0] += int((out.matched_logits.argmax(-1) == labels).sum())
+                matched[1] += labels.numel()
+            if self.qa_active and "qa_eval" in batch:
+                scores = _predicted_answer_scores(model, batch)
+                for source, score in zip(batch["qa_eval_sources"], scores.tolist(), strict=True):
+                    acc = qa.setdefault(source, [0.0, 0])
+                    acc[0] += score
+                    acc[1] += 1
+        metrics = {k: v / max(batches, 1) for k, v in sums.items()}
+        if matched[1]:
+            metrics["matched_accuracy"] = matched[0] / matched[1]
+        if qa:
+            metrics["qa_accuracy"] = sum(s for s, _ in qa.values()) / sum(n for _, n in qa.values())
+            for source, (score, n) in sorted(qa.items()):
+                metrics[f"qa_accuracy/{source}"] = score / n
+        return metrics
+
+    def _forward(self, model: torch.nn.Module, batch: dict) -> tuple[PreTrainingOutput, torch.Tensor]:
+        """The model on the batch (without QA labels before QA starts) and the loss with `qa_weight`."""
         inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         if not self.qa_active:
             inputs.pop("answer_labels", None)
@@ -151,34 +196,7 @@ class PretrainTask:
         total = out.loss
         if "qa" in out.losses and self.config.qa_weight != 1.0:
             total = total + (self.config.qa_weight - 1.0) * out.losses["qa"]
-        return total, {k: float(v.detach()) for k, v in out.losses.items()}
-
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
-        """Mean of each loss over the validation batches, plus matching and QA accuracy."""
-        sums: dict[str, float] = {}
-        batches = 0
-        hits = {"matched": [0, 0], "qa": [0, 0]}
-        for batch in loader:
-            out = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
-            batches += 1
-            sums["loss"] = sums.get("loss", 0.0) + float(out.loss)
-            for k, v in out.losses.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            for name, logits, key in (
-                ("matched", out.matched_logits, "matched_labels"),
-                ("qa", out.answer_logits, "answer_labels"),
-            ):
-                if logits is not None and key in batch:
-                    labels = batch[key]
-                    keep = labels != -100
-                    hits[name][0] += int((logits.argmax(-1)[keep] == labels[keep]).sum())
-                    hits[name][1] += int(keep.sum())
-        metrics = {k: v / max(batches, 1) for k, v in sums.items()}
-        for name, (right, total) in hits.items():
-            if total:
-                metrics[f"{name}_accuracy"] = right / total
-        return metrics
+        return out, total
 
     def save(self, model: torch.nn.Module, directory: Path) -> None:
         model.save_pretrained(directory)
@@ -188,6 +206,13 @@ class PretrainTask:
     # ----
     def _answer_labels(self, examples: list[PretrainExample]) -> list[tuple[tuple[int, float], ...]]:
         return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
+
+
+def _predicted_answer_scores(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """(Q,) soft score of the QA head's top answer for each question of `batch["qa_eval"]`."""
+    predicted = model.qa_head(model.lxmert(**batch["qa_eval"]).pooled_output).argmax(-1)
+    hit = batch["qa_eval_answers"] == predicted[:, None]
+    return (batch["qa_eval_scores"].float() * hit).sum(-1)
 
 
 def pretrain(run: PretrainRun, out_dir: str | Path, resume: bool = False) -> dict:

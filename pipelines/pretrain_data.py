@@ -113,6 +113,7 @@ def check_image_ids(
 class PretrainDataset(Dataset):
     """Example i: its sentence and its image's regions (boxes normalised to [0, 1], features float32).
 
+    `evaluation` marks the items of a validation set, for which the collator adds the QA accuracy inputs.
     The feature reader opens its LMDB lazily in whichever process reads first (each DataLoader worker)."""
 
     def __init__(
@@ -120,12 +121,14 @@ class PretrainDataset(Dataset):
         examples: list[PretrainExample],
         features: FeatureReader,
         answers: list[tuple[tuple[int, float], ...]] | None = None,
+        evaluation: bool = False,
     ):
         if answers is not None and len(answers) != len(examples):
             raise ValueError(f"{len(answers)} answer lists for {len(examples)} examples")
         self.examples = examples
         self.features = features
         self.answers = answers  # per example: ((label, score), ...) of its answers in the table
+        self.evaluation = evaluation
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -140,6 +143,9 @@ class PretrainDataset(Dataset):
         return {
             "img_id": ex.img_id,
             "answers": self.answers[i] if self.answers is not None else (),
+            "question": ex.label is not None,  # labelled (even with no answer in the table): a question
+            "source": ex.source,
+            "evaluation": self.evaluation,
             "sentence": ex.sentence,
             "features": np.asarray(rec.features, dtype=np.float32),
             "boxes": boxes,

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,15 +21,63 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lx.add_argument("src", help="Epoch20_LXRT.pth, model_LXRT.pth, BEST.pth, or a HuggingFace or xmodal dir")
     lx.add_argument("dst", help="output directory")
     lx.add_argument("--to-hf", action="store_true", help="export an xmodal dir to the HuggingFace layout")
+    lx.add_argument(
+        "--answers",
+        metavar="FILE",
+        help="the QA head's answer table (all_ans.json for Epoch20_LXRT.pth, trainval_ans2label.json for a "
+        "VQA BEST.pth): checked against the head's rows and written as DST/ans2label.json, from which "
+        "`xmodal finetune --init DST` seeds its answer head",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.kind == "detector":
-        from extraction.weights import convert_detector_checkpoint
+    from safetensors import SafetensorError
 
-        convert_detector_checkpoint(args.src, args.dst, strict=args.strict)
-    else:
-        from model.convert import convert_lxmert
+    try:
+        if args.kind == "detector":
+            from extraction.weights import convert_detector_checkpoint
 
-        convert_lxmert(args.src, args.dst, to_hf=args.to_hf)
+            convert_detector_checkpoint(args.src, args.dst, strict=args.strict)
+        else:
+            _convert_lxmert(args)
+    except (ValueError, KeyError, OSError, SafetensorError) as exc:
+        # a missing, corrupt or mismatched file is the user's to fix: one line, the details under -v
+        log.debug("details", exc_info=True)
+        print(f"xmodal convert {args.kind}: {_one_line(exc, args.src)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _convert_lxmert(args: argparse.Namespace) -> None:
+    from model.convert import convert_lxmert
+    from pipelines.answers import AnswerTable
+    from pipelines.pretrain import ANSWERS_FILE  # the file pre-training writes and `finetune --init` reads
+
+    table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
+    dst = convert_lxmert(
+        args.src, args.dst, to_hf=args.to_hf, num_answers=len(table) if table is not None else None
+    )
+    if table is not None:
+        table.save(Path(dst) / ANSWERS_FILE)
+        print(f"{dst}: converted, with the {len(table)}-answer table of {args.answers} as {ANSWERS_FILE}")
+    else:
+        print(f"{dst}: converted")
+
+
+def _one_line(exc: BaseException, src: str) -> str:
+    """The error on one line, naming the file: a detector load report becomes its counts."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, KeyError) and exc.args:
+        lines = [f"{exc.args[0]!r} not found"]
+    if not lines:
+        lines = [type(exc).__name__]
+    counts = [
+        line.rstrip(":") for line in lines[1:] if re.fullmatch(r"\d+ (missing|unexpected|mismatched):", line)
+    ]
+    if counts:
+        message = f"{lines[0]} {', '.join(counts)} (-v lists them); {lines[-1]}"
+    elif len(lines) > 1:
+        message = f"{lines[0]} (-v shows the rest)"
+    else:
+        message = lines[0]
+    return message if str(src) in message else f"{src}: {message}"

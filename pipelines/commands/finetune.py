@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--answers", help="answer table (trainval_ans2label.json); default: from --train labels"
     )
+    parser.add_argument(
+        "--init-answers",
+        metavar="FILE",
+        help="the answer table of --init's QA head, to seed the answer head (all_ans.json for the release; "
+        "default: the --init directory's ans2label.json)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +45,12 @@ def run(args: argparse.Namespace) -> int:
         run_cfg = resolve_run_config(
             args,
             FinetuneRun,
-            {"init": args.init, "vocab": args.vocab, "answers": args.answers},
+            {
+                "init": args.init,
+                "vocab": args.vocab,
+                "answers": args.answers,
+                "init_answers": args.init_answers,
+            },
             base=default_run(args.task),
         )
         if run_cfg.task.task != args.task:

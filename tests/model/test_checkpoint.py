@@ -158,3 +158,24 @@ def test_huggingface_directory_in_and_out(lx, cfg, tmp_path):
             ours(**inputs).lm_logits, hf(**inputs).prediction_logits, atol=1e-5, rtol=1e-5
         )
     assert from_hf_state(hf.state_dict(), cfg, "LxmertForPreTraining").keys() == ours.state_dict().keys()
+
+
+def test_answer_table_size_is_checked_against_the_qa_head(pretrained_dir, cfg, tmp_path):
+    _, directory = pretrained_dir
+    rows = cfg.num_qa_labels
+    assert (convert_lxmert(directory, tmp_path / "ok", num_answers=rows) / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match=rf"QA head has {rows} answers but the answer table {rows + 1}"):
+        convert_lxmert(directory, tmp_path / "bad", num_answers=rows + 1)
+    nlvr2 = LxmertForNLVR2.from_pretrained(directory).save_pretrained(tmp_path / "nlvr2")
+    with pytest.raises(ValueError, match="LxmertForNLVR2 has no QA head"):
+        convert_lxmert(nlvr2, tmp_path / "bad2", num_answers=rows)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
+
+
+def test_corrupt_safetensors_is_named(tmp_path):
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text('{"model_type": "lxmert"}')
+    (hf_dir / "model.safetensors").write_bytes(b"garbage" * 4)
+    with pytest.raises(ValueError, match=r"model.safetensors: cannot be read as a safetensors file"):
+        convert_lxmert(hf_dir, tmp_path / "out")

@@ -89,6 +89,11 @@ def runs(tmp_path_factory):
         }
         for i in range(6)
     ]
+    # GQA: string question ids (a leading zero must survive), one answer each
+    gqa = [
+        {"question_id": f"0{i}1307", "img_id": f"i{i}", "sent": "is it red?", "label": {answers[i % 3]: 1.0}}
+        for i in range(6)
+    ]
     nlvr2 = [
         {
             "identifier": f"dev-{i // 2}-{i % 2}-0",
@@ -100,7 +105,7 @@ def runs(tmp_path_factory):
         for i in range(6)
     ]
     files = {"root": root, "features": root / "feats.lmdb"}
-    for name, rows in (("vqa", vqa), ("nlvr2", nlvr2)):
+    for name, rows in (("vqa", vqa), ("gqa", gqa), ("nlvr2", nlvr2)):
         files[name] = root / f"{name}.json"
         files[name].write_text(json.dumps(rows))
         cfg = FinetuneConfig(
@@ -113,7 +118,11 @@ def runs(tmp_path_factory):
         )
         task = FinetuneTask(cfg)
         torch.manual_seed(0)
-        task.save(task.build_model(), root / f"{name}_best")
+        model = task.build_model()
+        if name == "gqa":  # answers "red" whatever it is asked, so its accuracy is known by hand
+            with torch.no_grad():
+                model.answer_head.classifier.bias[task.answers.index("red")] = 1e4
+        task.save(model, root / f"{name}_best")
         files[f"{name}_best"] = root / f"{name}_best"
     return files
 
@@ -145,6 +154,24 @@ def test_evaluate_vqa_writes_official_predictions_and_matching_metrics(runs, tmp
     assert metrics["accuracy"] == pytest.approx(100 * sum(scores.values()) / len(scores))
     yes_no = [s for q, s in scores.items() if rows[q]["answer_type"] == "yes/no"]
     assert metrics["accuracy/yes/no"] == pytest.approx(100 * sum(yes_no) / len(yes_no))
+    assert f"accuracy: {metrics['accuracy']:.2f}" in capsys.readouterr().out
+
+
+def test_evaluate_gqa_writes_questionId_strings_and_exact_match_accuracy(runs, tmp_path, capsys):
+    out = tmp_path / "gqa_preds.json"
+    argv = ["evaluate", "gqa", "--checkpoint", str(runs["gqa_best"]), "--features", str(runs["features"])]
+    argv += ["--split", str(runs["gqa"]), "--out", str(out), "--batch-size", "4"]
+    assert main(argv) == 0
+    rows = json.loads(runs["gqa"].read_text())
+    preds = json.loads(out.read_text())
+    assert isinstance(preds, list) and all(set(p) == {"questionId", "prediction"} for p in preds)
+    assert all(isinstance(p["questionId"], str) and isinstance(p["prediction"], str) for p in preds)
+    assert sorted(p["questionId"] for p in preds) == sorted(r["question_id"] for r in rows)
+    assert {p["prediction"] for p in preds} == {"red"}
+    metrics = json.loads((tmp_path / "gqa_preds.metrics.json").read_text())
+    red = sum("red" in r["label"] for r in rows)
+    assert red == 2 and metrics["accuracy"] == pytest.approx(100 * red / len(rows))
+    assert set(metrics) == {"accuracy", "loss"} and metrics["loss"] > 0
     assert f"accuracy: {metrics['accuracy']:.2f}" in capsys.readouterr().out
 
 

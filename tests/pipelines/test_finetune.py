@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -285,8 +286,11 @@ def test_seeding_copies_exactly_the_shared_rows(problem):
     table = AnswerTable(["circle", "blue", "star", "red", "green"])  # blue and red are shared
     torch.manual_seed(1)
     model = LxmertForQuestionAnswering.from_pretrained(problem["init"], num_answers=len(table))
+    with torch.no_grad():  # biases start at 0 on both sides: make every row tell where it came from
+        model.answer_head.classifier.bias.copy_(-1.0 - torch.arange(len(table)))
     before = {k: v.clone() for k, v in model.answer_head.state_dict().items()}
-    src = source.qa_head.state_dict()
+    src = {k: v.clone() for k, v in source.qa_head.state_dict().items()}
+    src["classifier.bias"] = 1.0 + torch.arange(len(PRETRAIN_ANSWERS), dtype=torch.float32)
     copied = seed_answer_head(model.answer_head, src, AnswerTable(PRETRAIN_ANSWERS), table)
     assert copied == 2
     after = model.answer_head.state_dict()
@@ -297,7 +301,9 @@ def test_seeding_copies_exactly_the_shared_rows(problem):
         assert torch.equal(after["classifier.bias"][mine], src["classifier.bias"][theirs])
     for untouched in (0, 2, 4):
         assert torch.equal(after["classifier.weight"][untouched], before["classifier.weight"][untouched])
+        assert torch.equal(after["classifier.bias"][untouched], before["classifier.bias"][untouched])
     assert not torch.equal(before["classifier.weight"][1], after["classifier.weight"][1])
+    assert after["classifier.bias"].tolist() == [-1.0, 3.0, -3.0, 1.0, -5.0]
 
 
 def test_task_seeds_the_head_from_the_init_directory(problem):
@@ -317,6 +323,47 @@ def test_task_seeds_the_head_from_the_init_directory(problem):
         )
     unseeded = FinetuneTask(dataclasses.replace(cfg, seed_answer_head=False)).build_model()
     assert not torch.equal(unseeded.answer_head.dense.weight, src["dense.weight"])
+
+
+def test_release_checkpoint_converted_with_its_answer_table_seeds_the_head(problem, tmp_path, caplog):
+    """Epoch20_LXRT.pth + all_ans.json -> `xmodal convert lxmert --answers` -> `finetune --init` seeds."""
+    from model.convert import to_hf_state
+
+    source = LxmertForPreTraining.from_pretrained(problem["init"])
+    with torch.no_grad():
+        source.qa_head.classifier.bias.copy_(1.0 + torch.arange(len(PRETRAIN_ANSWERS)))
+    hf = to_hf_state(source.state_dict(), source.config, "LxmertForPreTraining")
+    release = tmp_path / "Epoch20_LXRT.pth"
+    torch.save({"module." + k.replace("lxmert.", "bert.", 1): v for k, v in hf.items()}, release)
+    all_ans = tmp_path / "all_ans.json"
+    all_ans.write_text(json.dumps([{"ans": a, "dsets": ["vqa", "gqa"]} for a in PRETRAIN_ANSWERS]))
+    converted = tmp_path / "lxmert-release"
+    assert main(["convert", "lxmert", str(release), str(converted), "--answers", str(all_ans)]) == 0
+    cfg = FinetuneConfig(
+        task="vqa",
+        features=[str(problem["features"])],
+        train_files=[str(problem["vqa_train"])],
+        init=str(converted),
+        vocab=str(problem["vocab"]),
+    )
+    task = FinetuneTask(cfg)
+    model = task.build_model()
+    src = source.qa_head.state_dict()
+    for answer in ("red", "blue"):
+        mine, theirs = task.answers.index(answer), PRETRAIN_ANSWERS.index(answer)
+        assert torch.equal(model.answer_head.classifier.weight[mine], src["classifier.weight"][theirs])
+        assert torch.equal(model.answer_head.classifier.bias[mine], src["classifier.bias"][theirs])
+    # converted without its table: the head starts fresh, and the warning says how to fix that
+    bare = tmp_path / "bare"
+    assert main(["convert", "lxmert", str(release), str(bare)]) == 0
+    with caplog.at_level(logging.WARNING, logger="pipelines.finetune"):
+        unseeded = FinetuneTask(dataclasses.replace(cfg, init=str(bare))).build_model()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "no answer table" in r.message]
+    assert warned and "--answers all_ans.json" in warned[0].message and "init_answers" in warned[0].message
+    assert not torch.equal(unseeded.answer_head.dense.weight, src["dense.weight"])
+    # ... and the table can be given at fine-tuning time instead
+    seeded = FinetuneTask(dataclasses.replace(cfg, init=str(bare), init_answers=str(all_ans))).build_model()
+    assert torch.equal(seeded.answer_head.dense.weight, src["dense.weight"])
 
 
 def test_bad_inputs_name_the_problem(problem, tmp_path):

@@ -183,3 +183,41 @@ def test_collator_masked_only_weights_and_switches(tokenizer):
     assert ((weights > 0).sum()) < (batch["visual_attention_mask"].numpy().sum())
     assert picked.shape == (8, 5, 4)
     assert (batch["answer_labels"].numpy()[[0, 3, 6]] == 1).all()  # no mismatching: every pair is matched
+
+
+def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokenizer):
+    rng = np.random.default_rng(6)
+    pool = [PretrainExample(f"img{i}", f"sentence number {i}", "x") for i in range(40)]
+    collate = PretrainCollator(tokenizer, pool, max_boxes=7, cfg=MaskingConfig(mismatch_prob=1.0))
+    items = _items(12, rng)
+    for k, item in enumerate(items):
+        item["question"] = k % 3 == 0  # the questions; item 9 has no answer in the table
+        item["answers"] = ((1, 1.0), (4, 0.3)) if k in (0, 6) else ((2, 0.6),) if k == 3 else ()
+        item["source"] = "vqa" if k < 6 else "gqa"
+    assert "qa_eval" not in collate(items, rng), "training batches carry no evaluation inputs"
+    for item in items:
+        item["evaluation"] = True
+    batch = collate(items, rng)
+    assert (batch["matched_labels"] == 0).all()  # every pair mismatched, so no QA label in the main pass
+    rows = [0, 3, 6, 9]
+    clean = tokenizer(
+        [items[k]["sentence"] for k in rows],
+        padding="longest",
+        max_length=20,
+        truncation=True,
+        return_tensors="np",
+    )
+    qa = batch["qa_eval"]
+    np.testing.assert_array_equal(qa["input_ids"].numpy(), clean["input_ids"])
+    np.testing.assert_array_equal(qa["attention_mask"].numpy(), clean["attention_mask"])
+    for q, k in enumerate(rows):
+        m = len(items[k]["features"])
+        np.testing.assert_array_equal(qa["visual_feats"][q, :m].numpy(), items[k]["features"])
+        assert not qa["visual_feats"][q, m:].any() and qa["visual_attention_mask"][q].sum() == m
+        np.testing.assert_array_equal(qa["visual_pos"][q, :m].numpy(), items[k]["boxes"])
+    assert batch["qa_eval_answers"].tolist() == [[1, 4], [2, -100], [1, 4], [-100, -100]]
+    np.testing.assert_allclose(batch["qa_eval_scores"].numpy(), [[1.0, 0.3], [0.6, 0], [1.0, 0.3], [0, 0]])
+    assert batch["qa_eval_sources"] == ["vqa", "vqa", "gqa", "gqa"]
+    for item in items:
+        item["question"] = False
+    assert "qa_eval" not in collate(items, rng), "no question, no QA evaluation"
