@@ -28,12 +28,7 @@ PROVENANCE = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _regions(img_id: str, n: int, rng: np.random.Generator, dim: int = 2048) -> RegionFeatures:

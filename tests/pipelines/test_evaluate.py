@@ -53,12 +53,7 @@ def test_bad_task_and_bad_identifier(tmp_path):
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "is", "it", "red", "?", "there", "a", "dog"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -61,13 +61,7 @@ N_IMAGES, N_TRAIN = 160, 128
 PRETRAIN_ANSWERS = ("red", "yes", "blue", "no")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine threads thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _write_store(path: Path, rng: np.random.Generator) -> dict[str, tuple[int, int]]:

@@ -20,14 +20,7 @@ from storage import FeatureWriter, RegionFeatures
 
 from .synthetic_pretrain import COLOURS, make_pretrain_data, tiny_run_overrides
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine threads thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
