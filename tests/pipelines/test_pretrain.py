@@ -309,6 +309,25 @@ def test_two_ray_workers_on_cpu_write_one_checkpoint(data, tmp_path):
     assert (out / "last" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
+def test_torchrun_two_processes_write_one_checkpoint(data, tmp_path):
+    """The same loop without Ray: torchrun sets WORLD_SIZE/RANK and the trainer joins a gloo group."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "torchrun_run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += ["-m", "pipelines.cli", *_args(data, out, "--max-steps", "2", "--batch-size", "8")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-2"]
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2], "only rank 0 writes metrics"
+    assert (out / "last" / "model.safetensors").is_file()
+
+
 def test_bad_json_names_the_file_and_row(data, tmp_path, capsys):
     broken = tmp_path / "broken.json"
     broken.write_text('[{"img_id": "img0000", "sentf": {"a": ["x"]}},')
