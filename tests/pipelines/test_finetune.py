@@ -424,3 +424,46 @@ def test_resume_continues_the_run(problem, tmp_path):
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path):
+    """Fine-tuning runs on the pre-training loop's Ray Train path: DDP over CPU workers, rank 0 writes."""
+    import ray
+
+    out = tmp_path / "nlvr2_ray"
+    argv = [
+        "finetune",
+        "nlvr2",
+        "--features",
+        str(problem["features"]),
+        "--train",
+        str(problem["nlvr2_train"]),
+        "--valid",
+        str(problem["nlvr2_valid"]),
+        "--init",
+        str(problem["init"]),
+        "--out",
+        str(out),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--workers",
+        "2",
+        "--cpus-per-worker",
+        "0.5",
+        "train.loader_workers=0",
+        "train.log_every=1",
+    ]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main(argv) == 0
+    finally:
+        ray.shutdown()
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r and "valid_accuracy" not in r] == [1, 2]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-2"]
+    assert any("valid_consistency" in r for r in rows)
+    for d in ("best", "last"):
+        assert load_finetuned(out / d).task == "nlvr2"
