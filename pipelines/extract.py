@@ -101,10 +101,11 @@ def summary_path(out: str | Path) -> Path:
 
 @dataclass
 class _Unit:
-    """A batch of images to decode and detect, and how many times it was tried."""
+    """A batch of images to decode and detect, how many times it was tried, and the slots it killed."""
 
     items: list[ImageInput]
     attempts: int = 0
+    died_on: set[_Slot] = field(default_factory=set)
 
 
 @dataclass
@@ -275,6 +276,8 @@ class _Slot:
         self._make = lambda: (replica_cls.remote(build, threads), decoder_cls.remote())
         self.handle, self.decoder = self._make()
         self.inflight: dict[ray.ObjectRef, _Unit] = {}
+        self.deaths = 0  # deaths since this slot last finished a batch
+        self.retired = False
 
     def submit(self, unit: _Unit) -> ray.ObjectRef:
         unit.attempts += 1
@@ -292,6 +295,16 @@ class _Slot:
         self.handle, self.decoder = self._make()
         self.inflight.clear()
 
+    def retire(self) -> None:
+        """Kill replica and decoder for good; their batches are the caller's."""
+        self.kill()
+        self.inflight.clear()
+        self.retired = True
+
+    def rank(self, unit: _Unit) -> tuple[bool, bool]:
+        """Lower is a better place to retry `unit`: a slot it has not killed, then one not dying lately."""
+        return self in unit.died_on, self.deaths > 0
+
 
 class _Job:
     """The driver loop: keeps replicas fed, writes results as they come, records failures."""
@@ -305,15 +318,14 @@ class _Job:
         self.done = 0
         self.failed = 0
         self.restarts = 0
-        # Each restart charges one attempt to the one batch its actor died on, and a charged batch comes
+        # Each death charges one attempt to the one batch its actor died on, and a charged batch comes
         # back as single images that are given up after `max_attempts`: so even if every batch in flight
-        # at once (workers x DEPTH of them, batch_size images each) were entirely poisonous, they could
-        # not cause more than max_attempts x batch_size x workers x DEPTH restarts without a batch
-        # finishing in between; `workers` more allow for a node going away with all its replicas. A longer
-        # run of deaths is the replicas themselves failing (out of memory, a broken GPU or node), which
-        # would otherwise mark every remaining image failed, one restart at a time.
-        self.restart_limit = cfg.max_attempts * cfg.batch_size * len(slots) * DEPTH + len(slots)
-        self.deaths_in_a_row = 0  # restarts since the last batch that finished
+        # at once (workers x DEPTH of them, batch_size images each) were entirely poisonous and all their
+        # retries landed on one slot, they could not kill it more than max_attempts x batch_size x workers
+        # x DEPTH times before it finishes a batch of its own; one more allows for its node going away.
+        # A longer run is that replica failing (out of memory, a broken GPU or node): it is retired, and
+        # the job stops only when no replica is left, rather than fail every image one restart at a time.
+        self.restart_limit = cfg.max_attempts * cfg.batch_size * len(slots) * DEPTH + 1
         self.retry: deque[_Unit] = deque()
         self.paths: dict[str, str] = {}
         self.errors_file = errors_path(cfg.out)
@@ -336,9 +348,10 @@ class _Job:
         owner: dict[ray.ObjectRef, _Slot] = {}
         last_commit = time.monotonic()
         while True:
-            for slot in sorted(self.slots, key=lambda s: len(s.inflight)):
+            live = [s for s in self.slots if not s.retired]
+            for slot in sorted(live, key=lambda s: len(s.inflight)):
                 while len(slot.inflight) < DEPTH:
-                    unit = self.retry.popleft() if self.retry else next(units, None)
+                    unit = self._next_unit(slot, live, units)
                     if unit is None:
                         break
                     self.paths.update((i.img_id, i.path) for i in unit.items)
@@ -354,6 +367,19 @@ class _Job:
                 self.writer.flush()
                 last_commit = time.monotonic()
 
+    def _next_unit(self, slot: _Slot, live: list[_Slot], units: Iterator[_Unit]) -> _Unit | None:
+        """The first retry that `slot` is among the best places for, else the listing's next batch.
+
+        A retry waits for a better slot even when this one is free: given to the replica that just died on
+        it (the first one free after a restart), it would spend the attempts of good images on a broken
+        replica.
+        """
+        for i, unit in enumerate(self.retry):
+            if slot.rank(unit) == min(s.rank(unit) for s in live):
+                del self.retry[i]
+                return unit
+        return next(units, None)
+
     def _collect(self, ref: ray.ObjectRef, slot: _Slot, owner: dict) -> None:
         try:
             result = ray.get(ref)
@@ -363,7 +389,7 @@ class _Job:
         except ray.exceptions.RayError as exc:
             self._requeue(slot.inflight.pop(ref), _first_line(exc))
             return
-        self._store(slot.inflight.pop(ref), result)
+        self._store(slot.inflight.pop(ref), result, slot)
 
     def _replace(self, slot: _Slot, owner: dict, exc: BaseException) -> None:
         """A replica or decoder died: keep what it finished, charge the batch it died on, retry the rest.
@@ -371,7 +397,8 @@ class _Job:
         Both actors run their calls one at a time in submission order, so the oldest batch whose call
         failed is the one being decoded or detected when the actor died; the batches behind it failed only
         because of that death and get their attempt back. Which failed result `ray.wait` hands over first
-        is a race, so it does not decide whom to charge.
+        is a race, so it does not decide whom to charge. A slot that dies more than `restart_limit` times
+        without finishing a batch is retired instead of restarted.
         """
         reason = f"its replica or decoder died: {_first_line(exc)}"
         culprit: _Unit | None = None
@@ -388,26 +415,40 @@ class _Job:
                     unit.attempts -= 1
                     lost.append(unit)
                 continue
-            self._store(unit, result)  # finished before the death
+            self._store(unit, result, slot)  # finished before the death
         self.restarts += 1
-        self.deaths_in_a_row += 1
-        if self.deaths_in_a_row > self.restart_limit:
-            raise JobError(
-                f"the detector replicas died {self.deaths_in_a_row} times in a row without finishing a "
-                f"batch (last: {_first_line(exc)}), more than bad images in the batches in flight could "
-                "cause: the replicas themselves fail (out of memory? a broken GPU or node?). Stopped; see "
-                "the Ray logs (/tmp/ray/session_latest/logs on the nodes), then rerun the same command to "
-                "resume"
+        slot.deaths += 1
+        if slot.deaths > self.restart_limit:
+            self._retire(slot, exc)
+        else:
+            log.warning(
+                "a replica or its decoder died (%s); restarting both, retrying their images", _first_line(exc)
             )
-        log.warning(
-            "a replica or its decoder died (%s); restarting both, retrying their images", _first_line(exc)
-        )
-        slot.restart()
-        for unit in ([culprit] if culprit is not None else []) + lost:
-            self._requeue(unit, reason)
+            slot.restart()
+        if culprit is not None:
+            culprit.died_on.add(slot)
+            self._requeue(culprit, reason)
+        self.retry.extend(lost)  # innocent and not charged: retried as they were
 
-    def _store(self, unit: _Unit, result: tuple[list, list[tuple[str, str]]]) -> None:
-        self.deaths_in_a_row = 0
+    def _retire(self, slot: _Slot, exc: BaseException) -> None:
+        """Stop using a slot that keeps dying whatever it is given; JobError when it was the last one."""
+        slot.retire()
+        left = sum(not s.retired for s in self.slots)
+        cause = (
+            f"replica {self.slots.index(slot)} died {slot.deaths} times in a row without finishing a batch "
+            f"(last: {_first_line(exc)}), more than bad images in the batches in flight could cause: the "
+            "replica itself fails (out of memory? a broken GPU or node?)"
+        )
+        logs = "see the Ray logs (/tmp/ray/session_latest/logs on the nodes)"
+        if not left:
+            raise JobError(
+                f"every replica was retired; the last: {cause}. Stopped; {logs}, then rerun the same "
+                "command to resume"
+            )
+        log.warning("%s; retired it, going on with %d replica(s); %s", cause, left, logs)
+
+    def _store(self, unit: _Unit, result: tuple[list, list[tuple[str, str]]], slot: _Slot) -> None:
+        slot.deaths = 0
         records, failures = result
         for rec in records:
             if self.writer.put(rec):
@@ -419,9 +460,12 @@ class _Job:
             self.paths.pop(item.img_id, None)
 
     def _requeue(self, unit: _Unit, reason: str) -> None:
+        """Retry a charged unit: a batch as single images, a single image until `max_attempts`."""
         if len(unit.items) > 1:
             # split so that one poisonous image cannot take its batch-mates down with it again
-            self.retry.extend(_Unit([item], attempts=unit.attempts) for item in unit.items)
+            self.retry.extend(
+                _Unit([item], attempts=unit.attempts, died_on=set(unit.died_on)) for item in unit.items
+            )
         elif unit.attempts < self.cfg.max_attempts:
             self.retry.append(unit)
         else:
@@ -467,8 +511,9 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
     resources = ray.cluster_resources()
     cpus = float(resources.get("CPU", local_cpu_count()))
     gpus = float(resources.get("GPU", 0))
-    node_cpus, node_gpus = _largest_node(cpus, gpus)
     use_gpu = gpus > 0 and cfg.gpus_per_worker > 0
+    node_cpus, node_gpus = _largest_node(cpus, gpus, cfg.gpus_per_worker if use_gpu else 0.0)
+    largest = f"the largest node with {cfg.gpus_per_worker:g} GPU(s)" if use_gpu else "the largest node"
     if use_gpu:
         workers = cfg.workers or max(1, int(gpus // cfg.gpus_per_worker))
         per_cpu = cfg.cpus_per_worker if cfg.cpus_per_worker is not None else 1.0
@@ -502,7 +547,7 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
         )
     if per_cpu > node_cpus + 1e-9:
         _refuse(
-            f"a replica asks for {per_cpu:g} CPUs but the largest node has {node_cpus:g}, so it would "
+            f"a replica asks for {per_cpu:g} CPUs but {largest} has {node_cpus:g}, so it would "
             "wait forever; lower --cpus-per-worker (fractions allowed)",
             local,
         )
@@ -512,12 +557,18 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
     )
 
 
-def _largest_node(cpus: float, gpus: float) -> tuple[float, float]:
-    """The most CPUs and the most GPUs one alive node has (the cluster's totals if Ray lists no node)."""
+def _largest_node(cpus: float, gpus: float, gpus_per_worker: float) -> tuple[float, float]:
+    """The most CPUs of an alive node that has `gpus_per_worker` GPUs, and the most GPUs of any.
+
+    A replica needs both on one node: the CPUs of a head node without GPUs are no use to a GPU replica.
+    Falls back to every node's CPUs when none has the GPUs (the GPU check refuses that), and to the
+    cluster's totals when Ray lists no node.
+    """
     alive = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     if not alive:
         return cpus, gpus
-    return max(float(r.get("CPU", 0)) for r in alive), max(float(r.get("GPU", 0)) for r in alive)
+    hosts = [r for r in alive if float(r.get("GPU", 0)) >= gpus_per_worker - 1e-9] or alive
+    return max(float(r.get("CPU", 0)) for r in hosts), max(float(r.get("GPU", 0)) for r in alive)
 
 
 def _await_replicas(slots: list[_Slot], plan: _Plan, timeout: float) -> list[dict]:

@@ -7,12 +7,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.codec import MAX_ID_BYTES
+
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"}
 )
 LIST_SUFFIXES = frozenset({".txt", ".lst", ".list"})
 ID_RULES = ("stem", "relpath")
-MAX_ID_BYTES = 511  # the feature store's key limit (LMDB's), in UTF-8 bytes: see storage/codec.py
 
 
 class InputError(ValueError):

@@ -11,8 +11,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DASHBOARD_HOST = "127.0.0.1"
-# what a job's Ray workers import; uploaded when this driver joins a cluster by address
+# what a job's Ray workers import; uploaded when this driver joins a cluster, unless from a Ray Job
 SHIPPED_PACKAGES = ("extraction", "storage", "model", "pipelines")
+# Set by Ray (2.60: JobSupervisor._get_driver_env_vars) in a Ray Job's driver only, which it also gives
+# RAY_ADDRESS; RAY_JOB_ID is stripped from the driver's environment, and users export RAY_ADDRESS too.
+RAY_JOB_MARKER = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 @dataclass
@@ -35,6 +38,11 @@ def local_cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def in_ray_job() -> bool:
+    """True in the driver of a Ray Job, whose working dir (uploaded at submission) holds the code."""
+    return RAY_JOB_MARKER in os.environ
 
 
 def is_job_api_address(address: str | None) -> bool:
@@ -67,11 +75,14 @@ def init_ray(
     """Connect this driver to Ray and say how.
 
     - Ray already initialised in this process (tests, notebooks): reuse it, never shut it down.
-    - `address=None`: inside a Ray Job (RAY_ADDRESS set by Ray) join that cluster; otherwise start a
-      private local instance with `num_cpus` (default: the CPUs this process may use) and the dashboard
-      bound to 127.0.0.1. A bare `ray.init()` would silently join whatever `ray start` left running.
-    - `"auto"`, `"HOST:PORT"` or `"ray://HOST:10001"`: join that cluster and upload xmodal's packages
-      for its workers (`shipped_code`); the nodes must already have the dependencies (torch, ...).
+    - `address=None`: join the cluster at RAY_ADDRESS when it is set (by Ray in a Ray Job, or by the
+      user); otherwise start a private local instance with `num_cpus` (default: the CPUs this process
+      may use) and the dashboard bound to 127.0.0.1. A bare `ray.init()` would silently join whatever
+      `ray start` left running.
+    - `"auto"`, `"HOST:PORT"` or `"ray://HOST:10001"`: join that cluster.
+    - Joining a cluster uploads xmodal's packages for its workers (`shipped_code`), except from inside a
+      Ray Job (`in_ray_job`), whose working dir already holds them; the nodes must already have the
+      dependencies (torch, ...).
     - `"http://HEAD:8265"` is the Jobs API, not a driver address: use `xmodal submit` for it.
     """
     import ray
@@ -83,8 +94,6 @@ def init_ray(
             f"{address} is a Ray Jobs (dashboard) address; run the command there with "
             f"`xmodal submit --address {address} -- <command>`"
         )
-    # inside a Ray Job (RAY_ADDRESS set by Ray) the job's working dir already holds the code
-    runtime_env = shipped_code() if address is not None else None
     if address is None and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]
     if address is None:
@@ -100,6 +109,7 @@ def init_ray(
     else:
         if address != "auto":
             enable_token_auth_if_available()
+        runtime_env = None if in_ray_job() else shipped_code()
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
         log.info("joined the Ray cluster at %s", address)
     return RaySession(address=_current_address(), started_here=True)

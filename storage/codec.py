@@ -18,6 +18,7 @@ LAYOUT_VERSION = 1
 HEADER = struct.Struct("<4sBBHIIIIII")
 CRC_OFFSET = HEADER.size - 4
 DTYPE_CODES = {"float16": 1, "float32": 2}
+MAX_ID_BYTES = 511  # the longest image id, in UTF-8 bytes: LMDB's key limit, as the store's keys are ids
 _CODE_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in DTYPE_CODES.items()}
 # (field, little-endian dtype, values per box) in storage order; features follow last
 _FIXED_ARRAYS = (
@@ -51,9 +52,9 @@ def _layout(id_len: int, num_boxes: int, feature_dim: int, code: int) -> tuple[t
 def encode(rec: RegionFeatures, dtype: str = "float16") -> bytearray:
     """Serialise a validated record; features are cast to `dtype`, which must keep them finite."""
     key = rec.img_id.encode("utf-8")
-    if len(key) > 511:
+    if len(key) > MAX_ID_BYTES:
         raise ValueError(
-            f"record {rec.img_id!r}: img_id is {len(key)} bytes long; LMDB keys hold at most 511"
+            f"record {rec.img_id!r}: img_id is {len(key)} bytes long; LMDB keys hold at most {MAX_ID_BYTES}"
         )
     n, d = rec.features.shape
     fields, size = _layout(len(key), n, d, DTYPE_CODES[dtype])

@@ -204,6 +204,37 @@ def test_an_id_longer_than_a_store_key_is_refused_before_any_work_naming_the_fil
     assert not out.exists()
 
 
+def test_the_listing_and_the_store_share_one_id_limit(tmp_path):
+    """An id the listing lets through is one the store can key, up to the last byte."""
+    from storage import RegionFeatures
+    from storage.codec import MAX_ID_BYTES, encode
+
+    def record(img_id: str) -> RegionFeatures:
+        def empty(*shape, dtype="<f4"):
+            return np.zeros((0, *shape), dtype)
+
+        return RegionFeatures(
+            img_id, 8, 8, empty(4), empty(2), empty(dtype="<i8"), empty(), empty(dtype="<i8"), empty()
+        )
+
+    folders = Path("d" * 200) / ("e" * 200)  # file names hold 255 bytes: longer ids need folders
+    for size in (MAX_ID_BYTES, MAX_ID_BYTES + 1):
+        root = tmp_path / str(size)
+        name = "f" * (size - len(str(folders)) - len("/.png"))
+        make_images(root / folders, 1)
+        (root / folders / "img_000.png").rename(root / folders / f"{name}.png")
+        img_id = f"{folders}/{name}.png"
+        assert len(img_id.encode()) == size
+        if size <= MAX_ID_BYTES:
+            assert unique_ids([root], recursive=True, id_from="relpath") == {img_id}
+            assert encode(record(img_id))
+        else:
+            with pytest.raises(InputError, match=f"{size} bytes long"):
+                unique_ids([root], recursive=True, id_from="relpath")
+            with pytest.raises(ValueError, match=f"{size} bytes long"):
+                encode(record(img_id))
+
+
 # ---- the driver loop against a fake Ray: which attempts a dead replica costs ----
 
 
@@ -237,16 +268,20 @@ class FakeRay:
 
 
 class FakeReplica:
-    """Dies (with every call queued behind) on a batch holding a poisonous image; None: on every batch."""
+    """Dies (with every call queued behind) on a batch holding a poisonous image; None: on every batch.
+    Each batch it is given goes to `calls` as (slot, ids)."""
 
-    def __init__(self, poison: set[str] | None) -> None:
+    def __init__(self, poison: set[str] | None, slot: int = 0, calls: list | None = None) -> None:
         self.poison = poison
+        self.slot = slot
+        self.calls = calls if calls is not None else []
         self.alive = True
         self.detect = SimpleNamespace(remote=self._detect)
 
     def _detect(self, items):
         import ray
 
+        self.calls.append((self.slot, [i.img_id for i in items]))
         if self.poison is None or any(i.img_id in self.poison for i in items):
             self.alive = False
         if not self.alive:
@@ -272,16 +307,28 @@ class FakeWriter:
 
 
 def fake_job(
-    monkeypatch, tmp_path, batches: list[list[str]], poison: set[str] | None, workers=1, newest_first=False
+    monkeypatch,
+    tmp_path,
+    batches: list[list[str]],
+    poison: set[str] | None,
+    workers=1,
+    newest_first=False,
+    broken: frozenset[int] = frozenset(),
+    calls: list | None = None,
 ):
-    """A `_Job` on fake replicas, and its batches of `ImageInput`s named by id."""
+    """A `_Job` on fake replicas, and its batches of `ImageInput`s named by id. The replicas of the slots
+    in `broken` die on every batch; every batch a replica is given goes to `calls` as (slot, ids)."""
     from pipelines import extract
     from pipelines.image_inputs import ImageInput
 
     monkeypatch.setattr(extract, "ray", FakeRay(newest_first))
-    replica_cls = SimpleNamespace(remote=lambda build, threads: FakeReplica(poison))
+
+    def replica_cls(slot: int) -> SimpleNamespace:
+        slot_poison = None if slot in broken else poison
+        return SimpleNamespace(remote=lambda build, threads: FakeReplica(slot_poison, slot, calls))
+
     decoder_cls = SimpleNamespace(remote=FakeDecoder)
-    slots = [extract._Slot(replica_cls, decoder_cls, {}, 1) for _ in range(workers)]
+    slots = [extract._Slot(replica_cls(i), decoder_cls, {}, 1) for i in range(workers)]
     cfg = extract.ExtractConfig(inputs=[], out=str(tmp_path / "f.lmdb"), batch_size=2, progress=False)
     job = extract._Job(cfg, FakeWriter(), slots, sum(map(len, batches)))
     units = (extract._Unit([ImageInput(i, f"/images/{i}.jpg") for i in batch]) for batch in batches)
@@ -327,6 +374,75 @@ def test_replicas_that_never_finish_a_batch_stop_the_job(monkeypatch, tmp_path):
     assert job.failed < 10  # not every image of the input marked failed, one restart at a time
 
 
+def test_the_batches_a_death_interrupted_come_back_whole(monkeypatch, tmp_path):
+    """Only the batch a replica died on is split; ['b', 'c'], queued behind it, is retried as it was."""
+    calls: list = []
+    batches = [["p", "a"], ["b", "c"]]
+    job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, calls=calls)
+    job.run(units)
+
+    assert sorted(job.writer.stored) == ["a", "b", "c"] and job.failed == 1
+    given = [ids for _, ids in calls]
+    assert given.count(["b", "c"]) == 2 and ["b"] not in given and ["c"] not in given
+    assert ["p"] in given and ["a"] in given
+
+
+@pytest.mark.parametrize(("workers", "broken"), [(2, {0}), (4, {0, 1, 2})], ids=["1-of-2", "3-of-4"])
+def test_replicas_that_always_die_among_healthy_ones_are_retired_and_cost_no_image(
+    monkeypatch, tmp_path, caplog, workers, broken
+):
+    """Broken replicas never finish a batch while a healthy one does: each is retired after its own
+    run of deaths, the images it held go to the healthy replica, and none is recorded as failed."""
+    from pipelines.extract import DEPTH
+
+    calls: list = []
+    ids = [f"img{i:04d}" for i in range(800)]
+    batches = [ids[i : i + 2] for i in range(0, len(ids), 2)]
+    job, units = fake_job(
+        monkeypatch, tmp_path, batches, poison=set(), workers=workers, broken=frozenset(broken), calls=calls
+    )
+    job.run(units)
+
+    assert sorted(job.writer.stored) == ids
+    assert job.failed == 0 and read_errors(tmp_path / "f.lmdb") == {}
+    assert [s.retired for s in job.slots] == [i in broken for i in range(workers)]
+    assert job.restarts == len(broken) * (job.restart_limit + 1)
+    for slot in sorted(broken):
+        assert f"replica {slot} died {job.restart_limit + 1} times in a row without finishing a batch" in (
+            caplog.text
+        )
+    assert "retired" in caplog.text
+    # a retired replica is given nothing more (DEPTH batches per life), and a retried image never goes
+    # to a broken replica while the healthy one is there to take it
+    for slot in broken:
+        assert sum(1 for s, _ in calls if s == slot) == DEPTH * (job.restart_limit + 1)
+    tried_alone_on = {s for s, batch in calls if len(batch) == 1}
+    assert tried_alone_on and not tried_alone_on & broken
+
+
+def test_a_culprit_is_retried_on_another_replica_than_the_one_it_died_on(monkeypatch, tmp_path):
+    """'p' poisons every replica: its retries visit the other replica before coming back."""
+    calls: list = []
+    batches = [["p", "a"], ["b", "c"], ["d", "e"], ["f", "g"]]
+    job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, workers=2, calls=calls)
+    job.run(units)
+
+    assert sorted(job.writer.stored) == list("abcdefg") and job.failed == 1
+    slots_of_p = [s for s, ids in calls if "p" in ids]
+    assert len(slots_of_p) == 3 and slots_of_p[0] != slots_of_p[1]
+
+
+def test_when_every_replica_is_retired_the_job_stops(monkeypatch, tmp_path):
+    from pipelines.extract import JobError
+
+    batches = [[f"img{i}", f"img{i + 1}"] for i in range(0, 400, 2)]
+    job, units = fake_job(monkeypatch, tmp_path, batches, poison=None, workers=2)
+    with pytest.raises(JobError, match="every replica was retired"):
+        job.run(units)
+    assert all(s.retired for s in job.slots)
+    assert job.restarts == 2 * (job.restart_limit + 1)
+
+
 # ---- resources and connection, with Ray's answers mocked ----
 
 
@@ -362,8 +478,32 @@ def test_a_replica_reservation_fits_on_the_largest_node(monkeypatch, caplog):
         _plan_resources(ExtractConfig(inputs=[], out="f.lmdb", gpus_per_worker=2.0), local=True)
 
 
+def test_a_gpu_replica_counts_only_the_cpus_of_nodes_with_its_gpus(monkeypatch, caplog):
+    """The compose cluster: a head with CPUs and no GPU, a worker with one GPU and 2 CPUs."""
+    import ray
+
+    from pipelines.extract import DECODE_CPUS, ExtractConfig, _plan_resources
+
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 8.0}},
+        {"Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 10.0, "GPU": 1.0})
+
+    def plan(local=False, **kw):
+        return _plan_resources(ExtractConfig(inputs=[], out="f.lmdb", **kw), local=local)
+
+    assert plan(cpus_per_worker=1.5).cpus == 1.5
+    with pytest.raises(InputError, match="the largest node with 1 GPU.* has 2"):
+        plan(local=True, cpus_per_worker=4.0)
+    assert plan(cpus_per_worker=4.0).cpus == 4.0 and "largest node with 1 GPU(s) has 2" in caplog.text
+    cpu = plan(gpus_per_worker=0.0)  # a CPU replica may take the head's 8
+    assert (cpu.device, cpu.cpus) == ("cpu", 8.0 - DECODE_CPUS)
+
+
 @pytest.mark.parametrize("address", ["auto", "10.0.0.1:6379", "ray://10.0.0.1:10001"])
-def test_joining_a_cluster_by_address_uploads_the_packages(monkeypatch, address):
+def test_joining_a_cluster_uploads_the_packages_unless_from_a_ray_job(monkeypatch, address):
     import ray
 
     from pipelines import ray_runtime
@@ -374,21 +514,32 @@ def test_joining_a_cluster_by_address_uploads_the_packages(monkeypatch, address)
     monkeypatch.setattr(ray_runtime, "enable_token_auth_if_available", lambda: False)
     monkeypatch.setattr(ray_runtime, "_current_address", lambda: "10.0.0.1:6379")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(ray_runtime.RAY_JOB_MARKER, raising=False)
+
+    def shipped(kw: dict) -> list[str]:
+        return [Path(p).name for p in (kw.get("runtime_env") or {}).get("py_modules", [])]
 
     ray_runtime.init_ray(address)
     (kw,) = calls
     assert kw["address"] == address
-    modules = [Path(p) for p in kw["runtime_env"]["py_modules"]]
-    assert [m.name for m in modules] == ["extraction", "storage", "model", "pipelines"]
-    assert all((m / "__init__.py").is_file() for m in modules)
+    assert shipped(kw) == ["extraction", "storage", "model", "pipelines"]
+    assert all((Path(p) / "__init__.py").is_file() for p in kw["runtime_env"]["py_modules"])
 
-    calls.clear()  # inside a Ray Job: the job's working dir already holds the code
+    calls.clear()  # a RAY_ADDRESS the user exported joins that cluster, code and all
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     ray_runtime.init_ray(None)
-    assert calls[0]["address"] == "10.0.0.1:6379" and calls[0].get("runtime_env") is None
+    assert calls[0]["address"] == "10.0.0.1:6379" and shipped(calls[0]) == shipped(kw)
+
+    calls.clear()  # inside a Ray Job (its driver's env as Ray 2.60 sets it): the working dir has the code
+    monkeypatch.setenv(ray_runtime.RAY_JOB_MARKER, '{"runtime_env": {}, "metadata": {}}')
+    ray_runtime.init_ray(None)
+    ray_runtime.init_ray(address)
+    assert [c["address"] for c in calls] == ["10.0.0.1:6379", address]
+    assert all(c.get("runtime_env") is None for c in calls)
 
     calls.clear()  # a private local instance runs this machine's code
     monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.delenv(ray_runtime.RAY_JOB_MARKER)
     ray_runtime.init_ray(None)
     assert calls[0]["address"] == "local" and "runtime_env" not in calls[0]
 
