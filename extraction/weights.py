@@ -25,7 +25,12 @@ ANCHORS_KEY = "proposal_generator.anchor_generator.cell_anchors.0"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit the detector."""
+    """A checkpoint that cannot be read or does not fit the detector; `report` says how it does not fit
+    (None when it could not be read)."""
+
+    def __init__(self, message: str, report: LoadReport | None = None):
+        super().__init__(message)
+        self.report = report
 
 
 class _ArraysOnlyUnpickler(pickle.Unpickler):
@@ -169,7 +174,9 @@ def load_detector_weights(model: nn.Module, path: str | Path, strict: bool = Tru
     report = check_state(model, state, str(path))
     if not report.ok:
         if strict:
-            raise CheckpointError(f"{report}\nfix the checkpoint or pass strict=False to load it anyway")
+            raise CheckpointError(
+                f"{report}\nfix the checkpoint or pass strict=False to load it anyway", report
+            )
         log.warning("%s\nloading the matching tensors only (strict=False)", report)
     bad = set(report.unexpected) | {m.split(":")[0] for m in report.mismatched}
     usable = {k: v for k, v in state.items() if k not in bad and k not in report.ignored}
@@ -190,7 +197,7 @@ def convert_detector_checkpoint(src: str | Path, dst: str | Path, strict: bool =
     report = check_state(model, state, str(src))
     if not report.ok:
         if strict:
-            raise CheckpointError(f"{report}\nfix the checkpoint or pass strict=False (--no-strict)")
+            raise CheckpointError(f"{report}\nfix the checkpoint or pass strict=False (--no-strict)", report)
         log.warning("%s\nwriting the matching tensors only (strict=False)", report)
     expected = model.state_dict()
     out = {

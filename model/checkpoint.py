@@ -83,6 +83,9 @@ def read_checkpoint(directory: Path) -> tuple[str, dict[str, Any], dict[str, Any
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} not found beside {config_path}")
+    absent = [k for k in ("architecture", "config") if k not in meta]
+    if absent:
+        raise ValueError(f"{config_path} lacks {absent}: rewrite the directory with save_pretrained")
     return meta["architecture"], meta["config"], meta.get("init_kwargs", {}), load_file(str(weights))
 
 

@@ -206,7 +206,7 @@ def read_huggingface_dir(
     hf = _load_hf_weights(directory)
     hf_arch = (meta.get("architectures") or [None])[0]
     by_hf = {v: k for k, v in HF_ARCHITECTURES.items()}
-    architecture = by_hf.get(hf_arch) or _guess_architecture(hf, cfg)[0]
+    architecture = by_hf.get(hf_arch) or _guess_architecture(hf, cfg, str(directory))[0]
     kwargs = {"num_answers": cfg.num_qa_labels} if architecture == "LxmertForQuestionAnswering" else {}
     return architecture, cfg.to_dict(), kwargs, from_hf_state(hf, cfg, architecture, source=str(directory))
 
@@ -218,7 +218,10 @@ def _load_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = directory / name
         if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{index}: no weight_map naming the shard of each weight")
+            shards = sorted(set(weight_map.values()))
             state: dict[str, torch.Tensor] = {}
             for shard in shards:
                 state.update(_load_file(directory / shard))
@@ -255,7 +258,9 @@ def release_to_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
-def _guess_architecture(hf: dict[str, torch.Tensor], cfg: LxmertConfig) -> tuple[str, dict[str, Any]]:
+def _guess_architecture(
+    hf: dict[str, torch.Tensor], cfg: LxmertConfig, source: str
+) -> tuple[str, dict[str, Any]]:
     if "cls.predictions.bias" in hf:
         return "LxmertForPreTraining", {}
     head = hf.get("answer_head.logit_fc.0.weight")
@@ -263,6 +268,8 @@ def _guess_architecture(hf: dict[str, torch.Tensor], cfg: LxmertConfig) -> tuple
         return "Lxmert", {}
     if head.shape[1] == 2 * cfg.hidden_size:
         return "LxmertForNLVR2", {}
+    if "answer_head.logit_fc.3.weight" not in hf:
+        raise ValueError(f"{source}: the answer head lacks its output layer (answer_head.logit_fc.3.weight)")
     return "LxmertForQuestionAnswering", {"num_answers": hf["answer_head.logit_fc.3.weight"].shape[0]}
 
 
@@ -312,7 +319,7 @@ def read_release_file(
         cfg = infer_config(hf, num_attention_heads)
     except KeyError as err:
         raise ValueError(f"{path}: incomplete LXMERT backbone, {err.args[0]} is missing") from err
-    architecture, kwargs = _guess_architecture(hf, cfg)
+    architecture, kwargs = _guess_architecture(hf, cfg, str(path))
     return architecture, cfg, kwargs, from_hf_state(hf, cfg, architecture, source=str(path))
 
 

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+ANSWERS_FILE = "ans2label.json"  # the table beside a pre-trained or fine-tuned model
+
 # The release's conversions (lxmert `AnswerTable.ANS_CONVERT`): whole answers only.
 _CONVERT = {
     "a man": "man",

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
-import re
 import shlex
 import shutil
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -108,28 +104,23 @@ class _Stages:
         finally:
             self.seconds[name] = round(time.perf_counter() - start, 2)
 
-    def xmodal(self, name: str, argv: list[str], threads: int | None = None, capture: bool = False) -> str:
+    def xmodal(self, name: str, argv: list[str], threads: int | None = None) -> None:
         """`xmodal ARGV` in-process, with `threads` intra-op torch threads if given (shown as the
-        OMP_NUM_THREADS that does the same from a shell); returns what it printed if `capture` (echoed
-        after it ends). Raises DemoError on a non-zero exit."""
+        OMP_NUM_THREADS that does the same from a shell). Raises DemoError on a non-zero exit."""
         import torch
 
         env = [f"OMP_NUM_THREADS={threads}"] if threads else []
         line = shlex.join([*env, "xmodal", *argv])
         self.commands.append(line)
         before = torch.get_num_threads()
-        printed = io.StringIO()
         try:
             if threads:
                 torch.set_num_threads(threads)
-            with contextlib.redirect_stdout(printed) if capture else contextlib.nullcontext():
-                code = self.timed(name, lambda: cli.main(argv))
+            code = self.timed(name, lambda: cli.main(argv))
         finally:
             torch.set_num_threads(before)
-            sys.stdout.write(printed.getvalue())
         if code:
             raise DemoError(f"demo stage {name!r} failed with exit status {code}; rerun it alone: {line}")
-        return printed.getvalue()
 
 
 def _answer(label: dict) -> str:
@@ -192,7 +183,7 @@ def _extract(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _P
          "--min-boxes", str(cfg.boxes), "--max-boxes", str(cfg.boxes),
          "--min-size", str(cfg.image_size), "--max-size", str(cfg.image_size),
          "--set", f"post_nms_topk={cfg.proposals}", "--set", f"pooler_resolution={cfg.pooler_resolution}",
-         "--batch-size", str(cfg.extract_batch_size), "--workers", "1"],
+         "--batch-size", str(cfg.extract_batch_size), "--workers", "1", "--no-progress"],
     )  # fmt: skip
 
 
@@ -225,9 +216,6 @@ def _train(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Pat
     )  # fmt: skip
 
 
-_ANSWER_LINE = re.compile(r"^\s*(-?\d+\.\d+)  (.+)$")  # `xmodal ask` prints "  0.731  red"
-
-
 def _ask(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths, test_rows: list[dict]):
     """`xmodal ask` on the first held-out colour question; it restores the demo's detector settings from
     the extraction recorded in the checkpoint."""
@@ -236,16 +224,16 @@ def _ask(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths
     row = next((r for r in test_rows if r["question_type"] == "what color is the"), test_rows[0])
     image = data.images_dir / f"{row['img_id']}.png"
     explain = paths.root / "report" / "ask_attention.png"
+    answers_json = paths.root / "report" / "ask.json"
     weights = ["--weights", cfg.weights] if cfg.weights else []
-    printed = stages.xmodal(
+    stages.xmodal(
         "ask",
         ["ask", str(image), row["sent"], "--checkpoint", str(paths.vqa / "best"), *weights, "--top-k", "5",
-         "--explain", str(explain)],
-        capture=True,
+         "--explain", str(explain), "--json", str(answers_json)],
     )  # fmt: skip
-    answers = [(m[2], float(m[1])) for m in map(_ANSWER_LINE.match, printed.splitlines()) if m]
+    answers = [(a["answer"], a["score"]) for a in json.loads(answers_json.read_text())["answers"]]
     if not answers:
-        raise DemoError(f"`xmodal ask` printed no answers:\n{printed}")
+        raise DemoError(f"`xmodal ask` wrote no answers to {answers_json}")
     return AskResult(image=image, question=row["sent"], answers=answers, truth=_answer(row["label"]),
                      explain_png=explain)  # fmt: skip
 

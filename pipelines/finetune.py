@@ -14,7 +14,7 @@ import torch
 
 from model import LxmertConfig, LxmertForNLVR2, LxmertForQuestionAnswering
 from model.checkpoint import CONFIG_NAME, FORMAT, read_checkpoint
-from pipelines.answers import AnswerTable
+from pipelines.answers import ANSWERS_FILE, AnswerTable
 from pipelines.finetune_data import (
     NLVR2Dataset,
     NLVR2Example,
@@ -37,11 +37,10 @@ TASKS = ("vqa", "gqa", "nlvr2")
 TaskName = Literal["vqa", "gqa", "nlvr2"]
 # SPEC §2 fine-tuning table: lr per task; batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all.
 TASK_LR = {"vqa": 5e-5, "gqa": 1e-5, "nlvr2": 5e-5}
-ANSWERS_FILE = "ans2label.json"
 RUN_FILE = "finetune.json"
 DEFAULT_VOCAB = "bert-base-uncased"
 # where a pre-training directory may keep its answer table, most specific first
-PRETRAIN_ANSWER_FILES = ("ans2label.json", "answers.json", "answer_table.json", "trainval_ans2label.json")
+PRETRAIN_ANSWER_FILES = (ANSWERS_FILE, "answers.json", "answer_table.json", "trainval_ans2label.json")
 
 
 @dataclass

@@ -87,9 +87,10 @@ class MaskingConfig:
 class PretrainCollator:
     """(items of PretrainDataset, rng) -> the model's inputs and labels, padded to the set's max boxes.
 
-    With QA on and validation items, `qa_eval` holds every question of the batch, matched to its own image
-    and unmasked, as model inputs; `qa_eval_answers` / `qa_eval_scores` (Q, K) its answers' labels (-100
-    pads) and soft scores; `qa_eval_sources` its `sentf` source names."""
+    With QA on, `qa_active` (the task's QA schedule) and validation items, `qa_eval` holds every question
+    of the batch, matched to its own image and unmasked, as model inputs; `qa_eval_answers` /
+    `qa_eval_scores` (Q, K) its answers' labels (-100 pads) and soft scores; `qa_eval_sources` its `sentf`
+    source names."""
 
     def __init__(
         self,
@@ -104,6 +105,7 @@ class PretrainCollator:
         self.cfg = cfg
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
+        self.qa_active = True
 
     def __call__(self, items: list[dict], rng: np.random.Generator) -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -174,23 +176,45 @@ class PretrainCollator:
         if cfg.qa:
             qa = [sample_answer(item["answers"], rng) if matched[k] else -100 for k, item in enumerate(items)]
             batch["answer_labels"] = torch.tensor(qa, dtype=torch.long)
-            if items[0].get("evaluation"):
-                batch.update(self._qa_eval(items, feats, boxes, valid))
+            if self.qa_active and items[0].get("evaluation"):
+                batch.update(self._qa_eval(items, ids, attention, matched, feats, boxes, valid))
         return batch
 
-    def _qa_eval(self, items: list[dict], feats: np.ndarray, boxes: np.ndarray, valid: np.ndarray) -> dict:
-        """The questions of the batch as they are (no mismatch, no masking) and their answers' soft scores."""
+    def _qa_eval(
+        self,
+        items: list[dict],
+        ids: np.ndarray,
+        attention: np.ndarray,
+        matched: np.ndarray,
+        feats: np.ndarray,
+        boxes: np.ndarray,
+        valid: np.ndarray,
+    ) -> dict:
+        """The questions of the batch as they are (no mismatch, no masking) and their answers' soft scores.
+
+        `ids` / `attention` are the batch's sentences tokenised before masking: a question still paired
+        with its own image is reused from there, only the swapped-out ones are tokenised again."""
         rows = [k for k, item in enumerate(items) if item.get("question")]
         if not rows:
             return {}
-        enc = self.tokenizer(
-            [items[k]["sentence"] for k in rows],
-            truncation=True,
-            max_length=self.cfg.max_seq_len,
-            padding="longest",
-            return_tensors="np",
-        )
-        ids = torch.from_numpy(enc["input_ids"].astype(np.int64))
+        qa_ids, qa_attention = ids[rows], attention[rows]
+        swapped = [q for q, k in enumerate(rows) if not matched[k]]
+        if swapped:
+            enc = self.tokenizer(
+                [items[rows[q]]["sentence"] for q in swapped],
+                truncation=True,
+                max_length=self.cfg.max_seq_len,
+                padding="longest",
+                return_tensors="np",
+            )
+            cols = max(qa_ids.shape[1], enc["input_ids"].shape[1])
+            pad = self.tokenizer.pad_token_id
+            qa_ids, qa_attention = _pad_to(qa_ids, cols, pad), _pad_to(qa_attention, cols, 0)
+            qa_ids[swapped] = _pad_to(enc["input_ids"], cols, pad)
+            qa_attention[swapped] = _pad_to(enc["attention_mask"], cols, 0)
+        length = int(qa_attention.sum(1).max())  # padded to the longest question, as tokenising them would
+        qa_ids = torch.from_numpy(np.ascontiguousarray(qa_ids[:, :length]))
+        qa_attention = torch.from_numpy(np.ascontiguousarray(qa_attention[:, :length]))
         width = max(1, max(len(items[k]["answers"]) for k in rows))
         answers = np.full((len(rows), width), -100, dtype=np.int64)
         scores = np.zeros((len(rows), width), dtype=np.float32)
@@ -199,9 +223,9 @@ class PretrainCollator:
                 answers[q, j], scores[q, j] = label, score
         return {
             "qa_eval": {
-                "input_ids": ids,
-                "attention_mask": torch.from_numpy(enc["attention_mask"].astype(np.int64)),
-                "token_type_ids": torch.zeros_like(ids),
+                "input_ids": qa_ids,
+                "attention_mask": qa_attention,
+                "token_type_ids": torch.zeros_like(qa_ids),
                 "visual_feats": torch.from_numpy(feats[rows]),
                 "visual_pos": torch.from_numpy(boxes[rows]),
                 "visual_attention_mask": torch.from_numpy(valid[rows].astype(np.int64)),
@@ -218,3 +242,8 @@ class PretrainCollator:
             if other.img_id != img_id:
                 return other.sentence
         return None
+
+
+def _pad_to(a: np.ndarray, width: int, value: int) -> np.ndarray:
+    """(R, L) -> (R, width), new columns filled with `value`."""
+    return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=value)

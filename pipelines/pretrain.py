@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from pipelines.answers import AnswerTable
+from pipelines.answers import ANSWERS_FILE, AnswerTable
 from pipelines.masking import MaskingConfig, PretrainCollator
 from pipelines.pretrain_data import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
 from pipelines.tokenization import load_tokenizer, save_tokenizer, write_vocab
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ANSWERS_FILE = "ans2label.json"
 MODEL_INPUTS = (
     "input_ids",
     "attention_mask",
@@ -111,7 +110,7 @@ class PretrainTask:
             log.warning("no answer in the training labels: image QA is switched off")
             masking = dataclasses.replace(masking, qa=False)
         self.collator = PretrainCollator(self.tokenizer, train, self.features.max_boxes, masking)
-        self.qa_active = cfg.qa_from_epoch <= 0
+        self.set_epoch(0)
         log.info(
             "pre-training on %d sentences (%d images), %d validation sentences, %d answers",
             len(train),
@@ -145,7 +144,8 @@ class PretrainTask:
         return self.collator(items, rng)
 
     def set_epoch(self, epoch: int) -> None:
-        self.qa_active = epoch >= self.config.qa_from_epoch
+        # the collator builds validation's clean QA inputs only while QA is on
+        self.qa_active = self.collator.qa_active = epoch >= self.config.qa_from_epoch
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         out, total = self._forward(model, batch)
@@ -154,10 +154,15 @@ class PretrainTask:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
         """Means over the validation batches of the loss (weighted as in training) and of each task's loss;
-        matching accuracy over the batches' (seeded) mismatches; QA accuracy as the release and VQA score
-        it: the mean soft score of the predicted answer over every question, asked about its own image
-        without masking (`qa_accuracy`, and `qa_accuracy/<source>` per `sentf` source). A question none
-        of whose answers is in the table scores 0. Nothing about QA is reported before QA starts."""
+        matching accuracy over the batches' (seeded) mismatches; QA accuracy as VQA scores it, the mean
+        soft score of the predicted answer (`qa_accuracy`, and `qa_accuracy/<source>` per `sentf` source;
+        a question none of whose answers is in the table scores 0). Nothing about QA is reported before
+        QA starts.
+
+        The release reads the answers off the main pass, whose words and objects are masked and whose
+        sentences are half swapped for another image's (yet scored against their own labels). Here every
+        question is asked once more, clean and about its own image (one more forward pass over the
+        questions), so the number measures the QA head, not its guesses through the masks and swaps."""
         sums: dict[str, float] = {}
         batches = 0
         matched = [0, 0]

@@ -127,7 +127,8 @@ class FeatureReader:
     short transaction. `lock=False` (default) writes no lock file and suits finished stores; pass
     `lock=True` to read a store that a writer is still filling. Readers of one store in one process
     share its environment: once any of them asked for `lock=True`, all of them read with the lock
-    (an environment opened lock-free earlier is reopened); `readahead` is the first reader's.
+    (an environment opened lock-free earlier is reopened); `readahead` is that of the reader that
+    opened the environment: the first one, or the one whose `lock=True` reopened it.
     """
 
     def __init__(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--top-k", type=int, default=5, help="answers to print (default: 5)")
     parser.add_argument("--explain", metavar="OUT.png", help="draw the regions the answer attended to most")
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help='also write {"image", "question", "answers": [{"answer", "score"}], "explain"} to FILE '
+        "(- prints only that JSON object)",
+    )
     parser.add_argument(
         "--min-size", type=int, help="detector input shortest side (default: as recorded, 600)"
     )
@@ -44,9 +52,25 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:  # ImageError is a ValueError
         print(f"xmodal ask: {exc}", file=sys.stderr)
         return 2
+    if args.json:
+        text = json.dumps(_as_json(args, result.answers), indent=1)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
     print(f"Q: {args.question}")
     for answer, score in result.answers:
         print(f"{score:7.3f}  {answer}")
     if args.explain:
         print(f"attended regions drawn to {args.explain}")
     return 0
+
+
+def _as_json(args: argparse.Namespace, answers: list[tuple[str, float]]) -> dict:
+    return {
+        "image": args.image,
+        "question": args.question,
+        "answers": [{"answer": a, "score": s} for a, s in answers],
+        "explain": args.explain,
+    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             convert_detector_checkpoint(args.src, args.dst, strict=args.strict)
         else:
             _convert_lxmert(args)
-    except (ValueError, KeyError, OSError, SafetensorError) as exc:
+    except (ValueError, OSError, SafetensorError) as exc:
         # a missing, corrupt or mismatched file is the user's to fix: one line, the details under -v
         log.debug("details", exc_info=True)
         print(f"xmodal convert {args.kind}: {_one_line(exc, args.src)}", file=sys.stderr)
@@ -50,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _convert_lxmert(args: argparse.Namespace) -> None:
     from model.convert import convert_lxmert
-    from pipelines.answers import AnswerTable
-    from pipelines.pretrain import ANSWERS_FILE  # the file pre-training writes and `finetune --init` reads
+    from pipelines.answers import ANSWERS_FILE, AnswerTable
 
     table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
     dst = convert_lxmert(
@@ -66,18 +64,16 @@ def _convert_lxmert(args: argparse.Namespace) -> None:
 
 def _one_line(exc: BaseException, src: str) -> str:
     """The error on one line, naming the file: a detector load report becomes its counts."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if isinstance(exc, KeyError) and exc.args:
-        lines = [f"{exc.args[0]!r} not found"]
-    if not lines:
-        lines = [type(exc).__name__]
-    counts = [
-        line.rstrip(":") for line in lines[1:] if re.fullmatch(r"\d+ (missing|unexpected|mismatched):", line)
-    ]
-    if counts:
-        message = f"{lines[0]} {', '.join(counts)} (-v lists them); {lines[-1]}"
-    elif len(lines) > 1:
-        message = f"{lines[0]} (-v shows the rest)"
+    from extraction.weights import CheckpointError
+
+    if isinstance(exc, CheckpointError) and exc.report is not None:
+        summary = exc.report.summary()
+        counts = ", ".join(f"{summary[k]} {k}" for k in ("missing", "unexpected", "mismatched") if summary[k])
+        message = (
+            f"checkpoint {exc.report.source}: {counts} (-v lists them); "
+            "fix the checkpoint or pass --no-strict to write the matching tensors only"
+        )
     else:
-        message = lines[0]
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        message = lines[0] if len(lines) == 1 else f"{lines[0]} (-v shows the rest)"
     return message if str(src) in message else f"{src}: {message}"

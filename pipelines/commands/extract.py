@@ -39,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--id-from", choices=("stem", "relpath"), default="stem", help="record id rule (default: stem)"
     )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and scripts)")
     det = parser.add_argument_group("detector")
     det.add_argument(
         "--weights",
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         cpus_per_worker=args.cpus_per_worker,
         address=args.address,
         max_failures=args.max_failures,
+        progress=not args.no_progress,
         **({"startup_timeout": args.startup_timeout} if args.startup_timeout is not None else {}),
     )
     if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or cfg.startup_timeout <= 0:
@@ -175,6 +177,8 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--set", item]
     if args.recursive:
         argv.append("--recursive")
+    if args.no_progress:
+        argv.append("--no-progress")
     return argv
 
 

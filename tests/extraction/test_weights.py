@@ -183,6 +183,7 @@ def test_convert_refuses_an_incomplete_checkpoint_unless_not_strict(tmp_path):
     with pytest.raises(CheckpointError, match="534 missing") as err:
         convert_detector_checkpoint(src, dst)
     assert "roi_heads.box_predictor.attr_score.bias" in str(err.value) and "junk" in str(err.value)
+    assert err.value.report.summary() == {"missing": 534, "unexpected": 1, "mismatched": 0, "ignored": 0}
     assert not dst.exists()
     report = convert_detector_checkpoint(src, dst, strict=False)
     assert len(report.missing) == 534 and report.unexpected == ["junk"]

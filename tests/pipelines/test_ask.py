@@ -154,6 +154,8 @@ def test_ask_end_to_end_on_a_generated_image(checkpoint, tmp_path, capsys):
             "96",
             "--max-size",
             "128",
+            "--json",
+            str(tmp_path / "answers.json"),
         ]
     )
     assert code == 0
@@ -164,6 +166,10 @@ def test_ask_end_to_end_on_a_generated_image(checkpoint, tmp_path, capsys):
         line.split()[1] in ANSWERS for line in lines[1:4]
     )
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    written = json.loads((tmp_path / "answers.json").read_text())
+    assert [a["answer"] for a in written["answers"]] == [line.split()[1] for line in lines[1:4]]
+    assert [round(a["score"], 3) for a in written["answers"]] == scores
+    assert written["explain"] == str(explain)
     picture = cv2.imread(str(explain))
     assert picture is not None and picture.shape[1] == 120 * 480 / 96 and picture.shape[0] > 480
 
@@ -172,3 +178,20 @@ def test_ask_refuses_a_missing_image(checkpoint, tmp_path, capsys):
     code = main(["ask", str(tmp_path / "none.png"), "what?", "--checkpoint", str(checkpoint)])
     assert code == 2
     assert "none.png" in capsys.readouterr().err
+
+
+def test_ask_json_dash_prints_one_json_object(tmp_path, capsys, monkeypatch):
+    import pipelines.ask
+
+    def answered(image, question, checkpoint, **kw):
+        return AskResult([("red", 0.75), ("blue", 0.125)], _regions("x", 2, np.random.default_rng(3)), None)
+
+    monkeypatch.setattr(pipelines.ask, "ask_image", answered)
+    argv = ["ask", "scene.png", "what color?", "--checkpoint", "ckpt", "--top-k", "2", "--json", "-"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "image": "scene.png",
+        "question": "what color?",
+        "answers": [{"answer": "red", "score": 0.75}, {"answer": "blue", "score": 0.125}],
+        "explain": None,
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 
@@ -113,6 +114,27 @@ def test_convert_lxmert_errors_are_one_line_naming_the_file(release_file, tmp_pa
     partial = tmp_path / "partial.pth"
     torch.save({k: v for k, v in state.items() if ".intermediate." not in k}, partial)
     _one_line_error(capsys, ["convert", "lxmert", str(partial), str(tmp_path / "d")], str(partial), "missing")
+    # a fine-tuned QA file (no pre-training heads) whose answer head lost its output layer
+    headless = tmp_path / "headless.pth"
+    torch.save(
+        {
+            k: v
+            for k, v in state.items()
+            if "bert." in k or "answer_head.logit_fc.0" in k or "logit_fc.2" in k
+        },
+        headless,
+    )
+    _one_line_error(
+        capsys,
+        ["convert", "lxmert", str(headless), str(tmp_path / "g")],
+        str(headless),
+        "answer_head.logit_fc.3.weight",
+    )
+    no_arch = tmp_path / "no_arch"
+    no_arch.mkdir()
+    (no_arch / "config.json").write_text('{"format": "xmodal-lxmert", "config": {}}')
+    (no_arch / "model.safetensors").write_bytes(b"")
+    _one_line_error(capsys, ["convert", "lxmert", str(no_arch), str(tmp_path / "h")], "architecture")
     broken_dir = tmp_path / "broken_dir"
     broken_dir.mkdir()
     (broken_dir / "config.json").write_text("{not json")
@@ -145,5 +167,7 @@ def test_convert_detector_errors_are_one_line_naming_the_file(tmp_path, capsys):
         "unexpected",
         "--no-strict",
     )
-    assert "mismatched" in err and "missing" in err
+    assert re.search(
+        r": \d+ missing, 1 unexpected, 1 mismatched \(-v lists them\); fix the checkpoint", err
+    ), err
     assert not (tmp_path / "c.safetensors").exists()

@@ -221,3 +221,57 @@ def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokeni
     for item in items:
         item["question"] = False
     assert "qa_eval" not in collate(items, rng), "no question, no QA evaluation"
+
+
+class _CountingTokenizer:
+    """The tokenizer, recording the sentences of each call."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __call__(self, sentences, **kw):
+        self.calls.append(list(sentences))
+        return self.tokenizer(sentences, **kw)
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+def test_clean_questions_reuse_the_batch_tokens_and_wait_for_qa(tokenizer):
+    counting = _CountingTokenizer(tokenizer)
+    # long pool sentences: a batch is often padded wider than its questions need
+    pool = [
+        PretrainExample(f"img{i}", f"a red circle next to blue square and green star {i}", "x")
+        for i in range(40)
+    ]
+    collate = PretrainCollator(counting, pool, max_boxes=7, cfg=MaskingConfig())
+    items = _items(12, np.random.default_rng(7))
+    for k, item in enumerate(items):
+        item.update(question=k % 2 == 0, answers=((1, 1.0),), source="vqa", evaluation=True)
+    rows = [k for k in range(12) if items[k]["question"]]
+    clean = tokenizer(
+        [items[k]["sentence"] for k in rows],
+        padding="longest",
+        max_length=20,
+        truncation=True,
+        return_tensors="np",
+    )
+    seen = set()
+    for seed in range(20):
+        counting.calls.clear()
+        batch = collate(items, np.random.default_rng(seed))
+        qa = batch["qa_eval"]
+        np.testing.assert_array_equal(qa["input_ids"].numpy(), clean["input_ids"])
+        np.testing.assert_array_equal(qa["attention_mask"].numpy(), clean["attention_mask"])
+        swapped = [items[k]["sentence"] for k in rows if batch["matched_labels"][k] == 0]
+        # one call for the batch, one more only for the questions whose pair was swapped
+        assert counting.calls[1:] == ([swapped] if swapped else [])
+        seen.add(0 < len(swapped) < len(rows))
+    assert True in seen, "no batch mixed kept and swapped questions"
+    collate.qa_active = False  # before QA starts (the task's schedule): no clean questions built
+    counting.calls.clear()
+    assert "qa_eval" not in collate(items, np.random.default_rng(0))
+    assert len(counting.calls) == 1

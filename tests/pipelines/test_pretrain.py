@@ -211,6 +211,7 @@ def test_validation_qa_accuracy_is_the_mean_soft_score_over_every_question(data,
     # under the paper's schedule nothing about QA is reported before QA starts
     task.config.qa_from_epoch = 2
     task.set_epoch(1)
+    assert "qa_eval" not in next(batches()), "the clean questions are not built before QA starts"
     before = task.evaluate(model, batches())
     assert not [k for k in before if k.startswith("qa")]
     assert before["loss"] == pytest.approx(parts - metrics["qa"], rel=1e-5)

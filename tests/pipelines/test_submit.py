@@ -119,6 +119,7 @@ def test_extract_with_a_jobs_address_forwards_every_option_but_the_address():
         "--out",
         "/s/f.lmdb",
         "--recursive",
+        "--no-progress",
         "--id-from",
         "relpath",
         "--weights",
@@ -213,3 +214,18 @@ def test_extract_overrides_travel_to_the_cluster_command():
     assert argv[argv.index("--set") :][:4] == ["--set", "post_nms_topk=20", "--set", "nms_thresh=0.3"]
     assert _parse_overrides(args.detector_overrides) == {"post_nms_topk": 20, "nms_thresh": 0.3}
     assert build_parser().parse_args(argv).detector_overrides == args.detector_overrides
+
+
+@pytest.mark.parametrize(("flags", "progress"), [([], True), (["--no-progress"], False)])
+def test_extract_no_progress_turns_the_bar_off(flags, progress, tmp_path, monkeypatch):
+    from pipelines import extract
+
+    seen = []
+
+    def stop(cfg):
+        seen.append(cfg)
+        raise extract.JobError("stopped by the test")
+
+    monkeypatch.setattr(extract, "run_extract", stop)
+    assert main(["extract", str(tmp_path), "--out", str(tmp_path / "f.lmdb"), *flags]) == 1
+    assert [cfg.progress for cfg in seen] == [progress]
