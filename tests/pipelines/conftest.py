@@ -13,3 +13,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def ray_two_cpus():
+    """A private local Ray instance with 2 CPUs for Ray Train tests, shut down afterwards."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

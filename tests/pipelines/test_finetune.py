@@ -183,31 +183,27 @@ def test_defaults_follow_the_spec():
         assert (cfg.lr, cfg.batch_size, cfg.epochs, cfg.warmup_ratio, cfg.clip_norm) == (lr, 32, 4, 0.1, 5.0)
 
 
-@pytest.mark.slow
-def test_vqa_learns_through_the_cli(problem, tmp_path):
-    out = tmp_path / "vqa"
+def _argv(problem, task: str, out, *extra: str, valid: bool = True) -> list[str]:
+    """`xmodal finetune TASK` on the generated problem, from the pre-trained init, loader in-process."""
     argv = [
         "finetune",
-        "vqa",
+        task,
         "--features",
         str(problem["features"]),
         "--train",
-        str(problem["vqa_train"]),
-        "--valid",
-        str(problem["vqa_valid"]),
-        "--init",
-        str(problem["init"]),
-        "--out",
-        str(out),
-        "--epochs",
-        "6",
-        "--batch-size",
-        "16",
-        "--lr",
-        "3e-3",
-        "train.loader_workers=0",
-        "train.log_every=8",
+        str(problem[f"{task}_train"]),
     ]
+    if valid:
+        argv += ["--valid", str(problem[f"{task}_valid"])]
+    return [*argv, "--init", str(problem["init"]), "--out", str(out), *extra, "train.loader_workers=0"]
+
+
+@pytest.mark.slow
+def test_vqa_learns_through_the_cli(problem, tmp_path):
+    out = tmp_path / "vqa"
+    argv = _argv(
+        problem, "vqa", out, "--epochs", "6", "--batch-size", "16", "--lr", "3e-3", "train.log_every=8"
+    )
     assert main(argv) == 0
     rows = read_metrics(out / "metrics.jsonl")
     valid = [r for r in rows if "valid_accuracy" in r]
@@ -403,22 +399,7 @@ def test_bad_inputs_name_the_problem(problem, tmp_path):
 
 def test_resume_continues_the_run(problem, tmp_path):
     out = tmp_path / "vqa"
-    argv = [
-        "finetune",
-        "vqa",
-        "--features",
-        str(problem["features"]),
-        "--train",
-        str(problem["vqa_train"]),
-        "--init",
-        str(problem["init"]),
-        "--out",
-        str(out),
-        "--batch-size",
-        "16",
-        "train.loader_workers=0",
-        "train.log_every=1",
-    ]
+    argv = _argv(problem, "vqa", out, "--batch-size", "16", "train.log_every=1", valid=False)
     assert main([*argv, "--max-steps", "2"]) == 0
     assert main([*argv, "--max-steps", "2"]) == 2  # the run exists: --resume or another --out
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0
@@ -427,40 +408,14 @@ def test_resume_continues_the_run(problem, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path):
+def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path, ray_two_cpus):
     """Fine-tuning runs on the pre-training loop's Ray Train path: DDP over CPU workers, rank 0 writes."""
-    import ray
-
     out = tmp_path / "nlvr2_ray"
-    argv = [
-        "finetune",
-        "nlvr2",
-        "--features",
-        str(problem["features"]),
-        "--train",
-        str(problem["nlvr2_train"]),
-        "--valid",
-        str(problem["nlvr2_valid"]),
-        "--init",
-        str(problem["init"]),
-        "--out",
-        str(out),
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "8",
-        "--workers",
-        "2",
-        "--cpus-per-worker",
-        "0.5",
-        "train.loader_workers=0",
-        "train.log_every=1",
-    ]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        assert main(argv) == 0
-    finally:
-        ray.shutdown()
+    workers = ("--workers", "2", "--cpus-per-worker", "0.5")
+    argv = _argv(
+        problem, "nlvr2", out, "--max-steps", "2", "--batch-size", "8", *workers, "train.log_every=1"
+    )
+    assert main(argv) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows if "loss" in r and "valid_accuracy" not in r] == [1, 2]
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-2"]

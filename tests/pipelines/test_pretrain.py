@@ -280,28 +280,10 @@ def test_resume_equals_an_uninterrupted_run(data, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ray_workers_on_cpu_write_one_checkpoint(data, tmp_path):
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        out = tmp_path / "ray_run"
-        rc = xmodal(
-            _args(
-                data,
-                out,
-                "--max-steps",
-                "2",
-                "--batch-size",
-                "8",
-                "--workers",
-                "2",
-                "--cpus-per-worker",
-                "0.5",
-            )
-        )
-    finally:
-        ray.shutdown()
+def test_two_ray_workers_on_cpu_write_one_checkpoint(data, tmp_path, ray_two_cpus):
+    out = tmp_path / "ray_run"
+    workers = ("--workers", "2", "--cpus-per-worker", "0.5")
+    rc = xmodal(_args(data, out, "--max-steps", "2", "--batch-size", "8", *workers))
     assert rc == 0
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-2"]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
