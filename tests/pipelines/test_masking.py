@@ -200,13 +200,7 @@ def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokeni
     batch = collate(items, rng)
     assert (batch["matched_labels"] == 0).all()  # every pair mismatched, so no QA label in the main pass
     rows = [0, 3, 6, 9]
-    clean = tokenizer(
-        [items[k]["sentence"] for k in rows],
-        padding="longest",
-        max_length=20,
-        truncation=True,
-        return_tensors="np",
-    )
+    clean = _tokenise(tokenizer, [items[k]["sentence"] for k in rows])
     qa = batch["qa_eval"]
     np.testing.assert_array_equal(qa["input_ids"].numpy(), clean["input_ids"])
     np.testing.assert_array_equal(qa["attention_mask"].numpy(), clean["attention_mask"])
@@ -221,6 +215,11 @@ def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokeni
     for item in items:
         item["question"] = False
     assert "qa_eval" not in collate(items, rng), "no question, no QA evaluation"
+
+
+def _tokenise(tokenizer, sentences: list[str]):
+    """The questions as the collator must encode them: [CLS] ... [SEP], at most 20 tokens, padded."""
+    return tokenizer(sentences, padding="longest", max_length=20, truncation=True, return_tensors="np")
 
 
 class _CountingTokenizer:
@@ -252,13 +251,7 @@ def test_clean_questions_reuse_the_batch_tokens_and_wait_for_qa(tokenizer):
     for k, item in enumerate(items):
         item.update(question=k % 2 == 0, answers=((1, 1.0),), source="vqa", evaluation=True)
     rows = [k for k in range(12) if items[k]["question"]]
-    clean = tokenizer(
-        [items[k]["sentence"] for k in rows],
-        padding="longest",
-        max_length=20,
-        truncation=True,
-        return_tensors="np",
-    )
+    clean = _tokenise(tokenizer, [items[k]["sentence"] for k in rows])
     seen = set()
     for seed in range(20):
         counting.calls.clear()
