@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .config import LxmertConfig
+from .dropout import Dropout
 
 
 class TextEmbeddings(nn.Module):
@@ -20,7 +21,7 @@ class TextEmbeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         length = input_ids.shape[1]
@@ -46,7 +47,7 @@ class ObjectEmbeddings(nn.Module):
         self.feat_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.box_proj = nn.Linear(cfg.visual_pos_dim, cfg.hidden_size)
         self.box_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, visual_feats: torch.Tensor, visual_pos: torch.Tensor) -> torch.Tensor:
         x = self.feat_norm(self.feat_proj(visual_feats)) + self.box_norm(self.box_proj(visual_pos))

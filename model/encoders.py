@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MultiHeadAttention, attention_probs
+from .attention import MultiHeadAttention, Rows, attention_probs
 from .config import LxmertConfig
+from .dropout import Dropout
 
 
 def _attention(cfg: LxmertConfig) -> MultiHeadAttention:
@@ -27,7 +28,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -42,8 +43,8 @@ class EncoderLayer(nn.Module):
         self.attention = _attention(cfg)
         self.ffn = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.ffn(self.attention(x, mask))
+    def forward(self, x: torch.Tensor, layout: Rows) -> torch.Tensor:
+        return self.ffn(self.attention(x, layout))
 
 
 class CrossLayer(nn.Module):
@@ -60,24 +61,26 @@ class CrossLayer(nn.Module):
     def forward(
         self,
         lang: torch.Tensor,
-        lang_mask: torch.Tensor | None,
+        lang_layout: Rows,
         vision: torch.Tensor,
-        vision_mask: torch.Tensor | None,
+        vision_layout: Rows,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Returns the new language and vision states and, on request, language->vision attention."""
-        # The shared module sees both modalities as one sequence: one GEMM per projection instead of
+        """lang/vision: rows of their layouts. Returns the new rows of both and, on request,
+        the language->vision attention weights (B, heads, L, N)."""
+        # The shared module sees both modalities' rows stacked: one GEMM per projection instead of
         # two, and one weight gradient to accumulate; every step is row-wise, so results are the same.
         cross = self.cross_attention
-        length = lang.shape[1]
-        both = torch.cat([lang, vision], 1)
-        q, k, v = cross.project(both)
-        lq, lk, lv = (t[:, :, :length] for t in (q, k, v))
-        vq, vk, vv = (t[:, :, length:] for t in (q, k, v))
-        probs = attention_probs(lq, vk, vision_mask) if output_attentions else None
-        context = torch.cat([cross.attend(lq, vk, vv, vision_mask), cross.attend(vq, lk, lv, lang_mask)], 1)
-        both = cross.finish(context, both)
-        lang_x, vision_x = both[:, :length], both[:, length:]
-        lang = self.lang_ffn(self.lang_attention(lang_x, lang_mask))
-        vision = self.vision_ffn(self.vision_attention(vision_x, vision_mask))
+        sizes = [lang.shape[0], vision.shape[0]]  # split, not sliced: its backward is a cat, no zero fill
+        both = torch.cat([lang, vision])
+        lang_qkv, vision_qkv = cross.qkv(both).split(sizes)
+        lq, lk, lv = cross.split(lang_layout.to_batch(lang_qkv))
+        vq, vk, vv = cross.split(vision_layout.to_batch(vision_qkv))
+        lang_ctx = cross.attend(lq, vk, vv, vision_layout.mask)
+        vision_ctx = cross.attend(vq, lk, lv, lang_layout.mask)
+        probs = attention_probs(lq, vk, vision_layout.mask) if output_attentions else None
+        context = torch.cat([lang_layout.to_rows(lang_ctx), vision_layout.to_rows(vision_ctx)])
+        lang, vision = cross.finish(context, both).split(sizes)
+        lang = self.lang_ffn(self.lang_attention(lang, lang_layout))
+        vision = self.vision_ffn(self.vision_attention(vision, vision_layout))
         return lang, vision, probs

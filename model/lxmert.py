@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import key_padding_mask
+from .attention import Rows
 from .checkpoint import PretrainedMixin
 from .config import LxmertConfig
 from .embeddings import ObjectEmbeddings, TextEmbeddings
@@ -67,22 +67,23 @@ class Lxmert(PretrainedMixin, nn.Module):
         """input_ids (B, L); attention_mask (B, L) 1 = token, 0 = padding; visual_feats (B, N, D);
         visual_pos (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real box."""
         self._check_inputs(input_ids, visual_feats, visual_pos)
-        lang_mask = key_padding_mask(attention_mask)
-        vision_mask = key_padding_mask(visual_attention_mask)
-        lang = self.embeddings(input_ids, token_type_ids)
-        vision = self.object_embeddings(visual_feats, visual_pos)
+        lang_layout = Rows(attention_mask, *input_ids.shape)
+        vision_layout = Rows(visual_attention_mask, *visual_feats.shape[:2])
+        lang = lang_layout.to_rows(self.embeddings(input_ids, token_type_ids))
+        vision = vision_layout.to_rows(self.object_embeddings(visual_feats, visual_pos))
         for layer in self.lang_layers:
-            lang = layer(lang, lang_mask)
+            lang = layer(lang, lang_layout)
         for layer in self.object_layers:
-            vision = layer(vision, vision_mask)
+            vision = layer(vision, vision_layout)
         attentions = []
         for layer in self.cross_layers:
-            lang, vision, probs = layer(lang, lang_mask, vision, vision_mask, output_attentions)
+            lang, vision, probs = layer(lang, lang_layout, vision, vision_layout, output_attentions)
             attentions.append(probs)
+        language_output = lang_layout.to_batch(lang)
         return LxmertOutput(
-            language_output=lang,
-            vision_output=vision,
-            pooled_output=self.pooler(lang),
+            language_output=language_output,
+            vision_output=vision_layout.to_batch(vision),
+            pooled_output=self.pooler(language_output),
             attentions=tuple(attentions) if output_attentions else None,
         )
 

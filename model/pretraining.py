@@ -19,7 +19,8 @@ class PreTrainingOutput:
     """`loss` is the sum of `losses` (0 when no label was given). Logits exist where computed:
     with any label only the heads that have labels run, `lm_logits` is (M, V) at the M positions
     where `lm_labels != -100` and `feat_pred` is (K, D) at the K slots where `feat_weights != 0`
-    (row-major order); with no label at all every head runs everywhere."""
+    (row-major order); with no label at all every head runs everywhere. Padding has no state (the encoders
+    skip it; its outputs are zero), so labels and weights at padded tokens and boxes are ignored."""
 
     loss: torch.Tensor
     losses: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -82,7 +83,7 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
         """Backbone inputs as `Lxmert.forward`; every label is optional and enables its loss:
         lm_labels (B, L), -100 = not masked; matched_labels (B,) 1 = sentence matches the image;
         obj/attr_labels (B, N) with obj/attr_weights (B, N); feat_targets (B, N, D) with feat_weights (B, N);
-        answer_labels (B,), -100 = no QA for this example."""
+        answer_labels (B,), -100 = no QA for this example. Labels at padding (mask 0) count for nothing."""
         visual = {
             "obj": (obj_labels, obj_weights),
             "attr": (attr_labels, attr_weights),
@@ -114,6 +115,8 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
 
         if lm_labels is not None:
             picked = lm_labels != -100
+            if attention_mask is not None:
+                picked = picked & attention_mask.bool()
             targets = lm_labels[picked]
             result.lm_logits = self.mlm_head(out.language_output[picked], word)
             summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
@@ -127,7 +130,7 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
             losses["matched"] = F.cross_entropy(result.matched_logits, matched_labels)
 
         if inference or obj_labels is not None or attr_labels is not None or feat_targets is not None:
-            self._object_losses(out.vision_output, visual, result, inference)
+            self._object_losses(out.vision_output, visual, visual_attention_mask, result, inference)
 
         if answer_labels is not None or inference:
             result.answer_logits = self.qa_head(out.pooled_output)
@@ -143,6 +146,7 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
         self,
         vision: torch.Tensor,
         visual: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]],
+        mask: torch.Tensor | None,
         result: PreTrainingOutput,
         inference: bool,
     ) -> None:
@@ -150,6 +154,8 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
         head = self.object_head
         h = head.transform(vision)
         scale = self.config.visual_loss_scale
+        if mask is not None:
+            visual = {k: (t, None if w is None else w * mask) for k, (t, w) in visual.items()}
         obj, attr, feat = visual["obj"], visual["attr"], visual["feat"]
         if obj[0] is not None or inference:
             result.obj_logits = head.obj(h)

@@ -48,6 +48,7 @@ def make_inputs(cfg: LxmertConfig, batch: int = 3, tokens: int = 7, boxes: int =
 def make_labels(cfg: LxmertConfig, inputs: dict, seed: int = 1) -> dict:
     g = torch.Generator().manual_seed(seed)
     b, n = inputs["visual_feats"].shape[:2]
+    boxes = inputs["visual_attention_mask"].float()  # weights only on real boxes, as a data pipeline gives
     lm = torch.full_like(inputs["input_ids"], -100)
     lm[:, 1] = torch.randint(0, cfg.vocab_size, (b,), generator=g)
     lm[0, 3] = 5
@@ -57,13 +58,27 @@ def make_labels(cfg: LxmertConfig, inputs: dict, seed: int = 1) -> dict:
         "lm_labels": lm,
         "matched_labels": torch.tensor([1, 0, 1][:b]),
         "obj_labels": torch.randint(0, cfg.num_object_labels, (b, n), generator=g),
-        "obj_weights": torch.rand(b, n, generator=g),
+        "obj_weights": torch.rand(b, n, generator=g) * boxes,
         "attr_labels": torch.randint(0, cfg.num_attr_labels, (b, n), generator=g),
-        "attr_weights": torch.rand(b, n, generator=g),
+        "attr_weights": torch.rand(b, n, generator=g) * boxes,
         "feat_targets": torch.randn(b, n, cfg.visual_feat_dim, generator=g),
-        "feat_weights": (torch.rand(b, n, generator=g) < 0.5).float(),
+        "feat_weights": (torch.rand(b, n, generator=g) < 0.5).float() * boxes,
         "answer_labels": answers,
     }
+
+
+def real(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean (B, L) real tokens and (B, N) real boxes of a batch."""
+    return inputs["attention_mask"].bool(), inputs["visual_attention_mask"].bool()
+
+
+def close_where_real(
+    mine: torch.Tensor, theirs: torch.Tensor, real: torch.Tensor, atol: float = 1e-5
+) -> None:
+    """Equal at the real positions (the leading (B, S) dims); transformers' values at the padding are
+    whatever its layers made of padding, which xmodal does not compute."""
+    assert mine.shape == theirs.shape
+    torch.testing.assert_close(mine[real], theirs[real], atol=atol, rtol=1e-5)
 
 
 def hf_config(cfg: LxmertConfig):
@@ -79,5 +94,10 @@ def lx():
     import types
 
     return types.SimpleNamespace(
-        small_config=small_config, make_inputs=make_inputs, make_labels=make_labels, hf_config=hf_config
+        small_config=small_config,
+        make_inputs=make_inputs,
+        make_labels=make_labels,
+        hf_config=hf_config,
+        real=real,
+        close_where_real=close_where_real,
     )

@@ -104,6 +104,24 @@ def test_losses_agree_with_direct_recomputation(cfg, pretrain, lx):
     torch.testing.assert_close(out.lm_logits, full.lm_logits[picked], atol=1e-5, rtol=1e-5)
 
 
+def test_labels_at_padding_count_for_nothing(cfg, pretrain, lx):
+    """Padding has no state, so MLM labels on padded tokens and object weights on padded boxes are
+    ignored: the losses equal those with the padding left unlabelled."""
+    inputs = lx.make_inputs(cfg)
+    clean = lx.make_labels(cfg, inputs)
+    tokens, boxes = lx.real(inputs)
+    junk = {k: v.clone() for k, v in clean.items()}
+    junk["lm_labels"][~tokens] = 3
+    for name in ("obj_weights", "attr_weights", "feat_weights"):
+        junk[name][~boxes] = 1.0
+    with torch.no_grad():
+        expected, got = pretrain(**inputs, **clean), pretrain(**inputs, **junk)
+    assert set(got.losses) == set(expected.losses)
+    for name, value in expected.losses.items():
+        torch.testing.assert_close(got.losses[name], value, atol=1e-6, rtol=1e-6, msg=name)
+    assert got.lm_logits.shape == expected.lm_logits.shape
+
+
 def test_only_given_losses_and_no_nan_when_nothing_is_masked(cfg, pretrain, lx):
     inputs = lx.make_inputs(cfg)
     labels = lx.make_labels(cfg, inputs)

@@ -53,18 +53,23 @@ def test_outputs_and_every_head_match(pair, lx):
         ref_backbone = hf.lxmert(**inputs)
         ref_obj = hf.obj_predict_head(ref_backbone.vision_output)
         out = ours(**inputs, output_attentions=True)
-    _close(out.language_output, ref_backbone.language_output)
-    _close(out.vision_output, ref_backbone.vision_output)
+    tokens, boxes = lx.real(inputs)
+    assert not tokens.all() and not boxes.all()
+    lx.close_where_real(out.language_output, ref_backbone.language_output, tokens)
+    lx.close_where_real(out.vision_output, ref_backbone.vision_output, boxes)
+    assert not out.language_output[~tokens].any() and not out.vision_output[~boxes].any()
     _close(out.pooled_output, ref_backbone.pooled_output)
-    _close(out.lm_logits, ref.prediction_logits)
+    lx.close_where_real(out.lm_logits, ref.prediction_logits, tokens)
     _close(out.matched_logits, ref.cross_relationship_score)
     _close(out.answer_logits, ref.question_answering_score)
-    _close(out.obj_logits, ref_obj["obj"])
-    _close(out.attr_logits, ref_obj["attr"])
-    _close(out.feat_pred, ref_obj["feat"])
+    lx.close_where_real(out.obj_logits, ref_obj["obj"], boxes)
+    lx.close_where_real(out.attr_logits, ref_obj["attr"], boxes)
+    lx.close_where_real(out.feat_pred, ref_obj["feat"], boxes)
     assert len(out.attentions) == cfg.x_layers
     for mine, theirs in zip(out.attentions, ref.cross_encoder_attentions, strict=True):
-        _close(mine, theirs)
+        # (B, heads, L, N): language queries at real tokens; padded boxes get no weight on either side.
+        lx.close_where_real(mine.transpose(1, 2), theirs.transpose(1, 2), tokens)
+        assert not mine[-1][..., ~boxes[-1]].any()
 
 
 def test_backbone_matches_lxmert_model(pair, lx):
@@ -79,8 +84,9 @@ def test_backbone_matches_lxmert_model(pair, lx):
     inputs["token_type_ids"] = None  # the default type is 0 on both sides
     with torch.no_grad():
         ref, out = reference(**inputs), backbone(**inputs)
-    _close(out.language_output, ref.language_output)
-    _close(out.vision_output, ref.vision_output)
+    tokens, boxes = lx.real(inputs)
+    lx.close_where_real(out.language_output, ref.language_output, tokens)
+    lx.close_where_real(out.vision_output, ref.vision_output, boxes)
     _close(out.pooled_output, ref.pooled_output)
 
 
@@ -105,6 +111,37 @@ def test_losses_match(pair, lx):
     _close(out.lm_logits, ref.prediction_logits[picked])
     _close(out.loss, ref.loss)
     assert set(out.losses) == {"mlm", "matched", "obj", "attr", "feat", "qa"}
+
+
+def test_gradients_match(pair, lx):
+    """One backward through every loss gives transformers' gradient for every parameter: the
+    padding-free layout, the tied MLM decoder and the CPU dropout's absence in eval mode all show here."""
+    cfg, hf, ours = pair
+    inputs = lx.make_inputs(cfg, batch=2, tokens=6, boxes=4)
+    labels = lx.make_labels(cfg, inputs)
+    hf.zero_grad(set_to_none=True)
+    ours.zero_grad(set_to_none=True)
+    hf(
+        **inputs,
+        labels=labels["lm_labels"],
+        matched_label=labels["matched_labels"],
+        obj_labels={
+            k: (labels[f"{k}_labels" if k != "feat" else "feat_targets"], labels[f"{k}_weights"])
+            for k in ("obj", "attr", "feat")
+        },
+        ans=labels["answer_labels"],
+    ).loss.backward()
+    ours(**inputs, **labels).loss.backward()
+    theirs = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in hf.named_parameters()}
+    expected = from_hf_state(theirs, cfg, "LxmertForPreTraining")
+    for name, p in ours.named_parameters():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        if name.endswith(("embeddings.position.weight", "embeddings.token_type.weight")):
+            # transformers gives row 0 padding_idx, so [CLS]'s position and type 0 never learn there.
+            assert grad[0].abs().sum() > 0 and not expected[name][0].any(), name
+            grad, expected[name] = grad[1:], expected[name][1:]
+        scale = expected[name].abs().max().clamp(min=1e-3)
+        torch.testing.assert_close(grad / scale, expected[name] / scale, atol=2e-5, rtol=0, msg=name)
 
 
 def test_question_answering_matches(pair, lx):
