@@ -23,14 +23,21 @@ class TextEmbeddings(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`inputs_embeds` (B, L, H), when given, stands in for the word rows of `input_ids`."""
         length = input_ids.shape[1]
         if length > self.position.num_embeddings:
             raise ValueError(
                 f"text of {length} tokens is longer than max_position_embeddings "
                 f"{self.position.num_embeddings}; truncate it"
             )
-        x = self.word(input_ids) + self.position.weight[:length]
+        words = self.word(input_ids) if inputs_embeds is None else inputs_embeds
+        x = words + self.position.weight[:length]
         if token_type_ids is None:
             x = x + self.token_type.weight[0]
         else:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import LxmertConfig
+from .tied import TiedWords
 
 
 class Pooler(nn.Module):
@@ -32,28 +33,6 @@ class Transform(nn.Module):
         return self.norm(F.gelu(self.dense(x)))
 
 
-class _TiedDecoder(torch.autograd.Function):
-    """`x @ W.T + b` whose backward hands autograd a fresh contiguous gradient for W.
-
-    W is also the word-embedding table, so autograd sums two (vocab, hidden) gradients for it. It adds
-    in place into a buffer it owns alone; `F.linear`'s weight gradient is a transposed view, which
-    makes it allocate a third 94 MB buffer (at the base size) on every step instead.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        return F.linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        x, weight = ctx.saved_tensors
-        # Under autocast the forward ran in x's dtype; autograd casts the returned grads back.
-        grad = grad.reshape(-1, grad.shape[-1])
-        grad_x = (grad @ weight.to(grad.dtype)).view(x.shape)
-        return grad_x, grad.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype), grad.sum(0)
-
-
 class MaskedLMHead(nn.Module):
     """Vocabulary logits through the word-embedding matrix (tied, passed at call time) plus a bias."""
 
@@ -62,8 +41,12 @@ class MaskedLMHead(nn.Module):
         self.transform = Transform(cfg)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
-    def forward(self, x: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
-        return _TiedDecoder.apply(self.transform(x), word_embeddings, self.bias)
+    def forward(self, x: torch.Tensor, words: torch.Tensor | TiedWords) -> torch.Tensor:
+        """`words`: the word-embedding table, or the step's `TiedWords` pairing over it."""
+        x = self.transform(x)
+        if isinstance(words, TiedWords):
+            return words.decode(x, self.bias)
+        return F.linear(x, words, self.bias)
 
 
 class ObjectHead(nn.Module):

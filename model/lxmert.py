@@ -63,13 +63,17 @@ class Lxmert(PretrainedMixin, nn.Module):
         visual_pos: torch.Tensor | None = None,
         visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> LxmertOutput:
         """input_ids (B, L); attention_mask (B, L) 1 = token, 0 = padding; visual_feats (B, N, D);
-        visual_pos (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real box."""
+        visual_pos (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real box;
+        inputs_embeds (B, L, H): word vectors to use instead of looking `input_ids` up.
+
+        The encoders compute real tokens and boxes only: outputs at padding are zero."""
         self._check_inputs(input_ids, visual_feats, visual_pos)
         lang_layout = Rows(attention_mask, *input_ids.shape)
         vision_layout = Rows(visual_attention_mask, *visual_feats.shape[:2])
-        lang = lang_layout.to_rows(self.embeddings(input_ids, token_type_ids))
+        lang = lang_layout.to_rows(self.embeddings(input_ids, token_type_ids, inputs_embeds))
         vision = vision_layout.to_rows(self.object_embeddings(visual_feats, visual_pos))
         for layer in self.lang_layers:
             lang = layer(lang, lang_layout)

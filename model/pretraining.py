@@ -12,6 +12,7 @@ from .checkpoint import PretrainedMixin
 from .config import LxmertConfig
 from .heads import ClassifierHead, MaskedLMHead, ObjectHead
 from .lxmert import Lxmert, init_weights
+from .tied import TiedWords
 
 
 @dataclass
@@ -92,6 +93,14 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
         for name, (target, weight) in visual.items():
             if (target is None) != (weight is None):
                 raise ValueError(f"{name}: give both the targets and the weights, or neither")
+        word = self.lxmert.embeddings.word.weight
+        words: torch.Tensor | TiedWords = word
+        inputs_embeds = None
+        # Compiled graphs keep plain autograd: TiedWords' backwards hand a buffer over through Python state.
+        training_mlm = lm_labels is not None and word.requires_grad and torch.is_grad_enabled()
+        if training_mlm and not torch.compiler.is_compiling():
+            words = TiedWords(word)
+            inputs_embeds = words.lookup(input_ids)
         out = self.lxmert(
             input_ids,
             attention_mask,
@@ -100,6 +109,7 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
             visual_pos,
             visual_attention_mask,
             output_attentions,
+            inputs_embeds,
         )
         labels = (lm_labels, matched_labels, obj_labels, attr_labels, feat_targets, answer_labels)
         inference = all(x is None for x in labels)
@@ -111,14 +121,13 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
             attentions=out.attentions,
         )
         losses = result.losses
-        word = self.lxmert.embeddings.word.weight
 
         if lm_labels is not None:
             picked = lm_labels != -100
             if attention_mask is not None:
                 picked = picked & attention_mask.bool()
             targets = lm_labels[picked]
-            result.lm_logits = self.mlm_head(out.language_output[picked], word)
+            result.lm_logits = self.mlm_head(out.language_output[picked], words)
             summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
             losses["mlm"] = _mean_over_labelled(summed, targets.numel())
         elif inference:
