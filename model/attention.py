@@ -24,11 +24,14 @@ class Rows:
         self.shape = (batch, length)
         self.index: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None  # (B, 1, 1, S), True = attend
+        self.left_padded = False  # some row's first position is padding
         if mask is not None:
             real = mask.to(torch.bool)
-            if not bool(real.all()):
-                self.index = real.flatten().nonzero().squeeze(1)
+            index = real.flatten().nonzero().squeeze(1)  # one host sync; a second only with padding
+            if index.numel() < batch * length:
+                self.index = index
                 self.mask = real[:, None, None, :]
+                self.left_padded = not bool(real[:, 0].all())
 
     def to_rows(self, x: torch.Tensor) -> torch.Tensor:
         """(B, S, F) -> (T, F)."""

@@ -10,11 +10,17 @@ from torch import nn
 class _MaskedScale(torch.autograd.Function):
     """`x * keep / (1 - p)` saving only the boolean `keep` mask for the backward."""
 
+    generate_vmap_rule = True  # with setup_context below, torch.func transforms work through it
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        _, keep, scale = inputs
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x.mul(keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
@@ -26,8 +32,12 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """`F.dropout`, except on CPU: there `bernoulli_` plus a float mask costs about twice a uniform draw
     compared with `p` and a boolean mask. The mask is drawn in fp32 whatever `x`'s dtype, so `p` is exact
     to 2^-24 under bf16 autocast too."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return x
+    if p == 1.0:
+        return x * 0.0
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     keep = torch.rand(x.shape, device=x.device) >= p
@@ -39,6 +49,8 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float):
         super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -72,6 +72,11 @@ class Lxmert(PretrainedMixin, nn.Module):
         The encoders compute real tokens and boxes only: outputs at padding are zero."""
         self._check_inputs(input_ids, visual_feats, visual_pos)
         lang_layout = Rows(attention_mask, *input_ids.shape)
+        if lang_layout.left_padded:
+            raise ValueError(
+                "attention_mask is 0 at position 0 of some row: the pooler reads the first token ([CLS]), "
+                "and padding has no state here; pad on the right (tokenizer padding_side='right')"
+            )
         vision_layout = Rows(visual_attention_mask, *visual_feats.shape[:2])
         lang = lang_layout.to_rows(self.embeddings(input_ids, token_type_ids, inputs_embeds))
         vision = vision_layout.to_rows(self.object_embeddings(visual_feats, visual_pos))

@@ -19,7 +19,24 @@ class TiedWords:
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
-        self.pending: torch.Tensor | None = None  # the decoder's gradient, until the lookup takes it
+        # The decoder's gradient until the lookup takes it, tagged with the backward pass that made it:
+        # a pass that stops short of the lookup (autograd.grad of a head's bias, say) must not leave it
+        # to the next pass over the same graph.
+        self.pending: torch.Tensor | None = None
+        self.pass_id = -1
+
+    def hand_over(self, grad: torch.Tensor) -> None:
+        """Called by the decoder's backward."""
+        current = torch._C._current_graph_task_id()
+        if self.pending is not None and self.pass_id == current:
+            self.pending.add_(grad)
+        else:
+            self.pending, self.pass_id = grad, current
+
+    def take(self) -> torch.Tensor | None:
+        """Called by the lookup's backward: this pass's decoder gradient, if any."""
+        pending, self.pending = self.pending, None
+        return pending if self.pass_id == torch._C._current_graph_task_id() else None
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the table for `ids` (B, L) -> (B, L, hidden)."""
@@ -46,8 +63,7 @@ class _Decode(torch.autograd.Function):
         grad = grad.reshape(-1, grad.shape[-1])
         grad_x = (grad @ weight.to(grad.dtype)).view(x.shape)
         grad_w = (grad.t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype)
-        tied = ctx.tied
-        tied.pending = grad_w if tied.pending is None else tied.pending.add_(grad_w)
+        ctx.tied.hand_over(grad_w)
         return grad_x, None, grad.sum(0), None
 
 
@@ -62,9 +78,8 @@ class _Lookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (ids,) = ctx.saved_tensors
-        tied = ctx.tied
-        table, tied.pending = tied.pending, None
-        if table is None:  # the decoder was not part of this loss
+        table = ctx.tied.take()
+        if table is None:  # the decoder was not part of this backward
             table = grad.new_zeros(ctx.table_shape)
         table.index_add_(0, ids.reshape(-1), grad.reshape(-1, grad.shape[-1]).to(table.dtype))
         return table, None, None

@@ -1,11 +1,13 @@
-"""Benchmark: one LXMERT pre-training step (forward, five losses + QA, backward, AdamW) on CPU, fp32.
+"""Benchmark: one LXMERT pre-training step (forward, five losses + QA, backward, AdamW), fp32 CPU or bf16 GPU.
 
 xmodal's `LxmertForPreTraining` against `transformers.LxmertForPreTraining` with the same weights, inputs
 and losses, alternating step by step in one process; peak memory (max RSS) of each measured in a child
-process of its own. Prints a table and one JSON line; `ratio` = ours / transformers steps per second.
+process of its own (max RSS on CPU, max allocated CUDA memory on a GPU). Prints a table and one JSON
+line; `ratio` = ours / transformers steps per second.
 
     .venv/bin/python tests/benchmarks/bench_model.py            # base config, batch 32, 20 tokens, 36 boxes
     .venv/bin/python tests/benchmarks/bench_model.py --quick    # batch 8, fewer steps
+    .venv/bin/python tests/benchmarks/bench_model.py --device cuda --bf16    # both under bf16 autocast
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def hf_kwargs(b: dict) -> dict:
     }
 
 
-def build(which: str, cfg: LxmertConfig):
+def build(which: str, cfg: LxmertConfig, device: str = "cpu", bf16: bool = False):
     """(model, step function) with identical weights for both implementations."""
     torch.manual_seed(0)
     ours = LxmertForPreTraining(cfg)
@@ -98,12 +100,13 @@ def build(which: str, cfg: LxmertConfig):
         model.load_state_dict(to_hf_state(ours.state_dict(), cfg, "LxmertForPreTraining"))
         del ours
         call = lambda m, b: m(**hf_kwargs(b)).loss  # noqa: E731
-    model.train()
+    model.to(device).train()
     # The same optimiser for both; fused because that is what a CPU/GPU training run would pick.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
     def step(batch: dict) -> float:
-        loss = call(model, batch)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = call(model, batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -112,16 +115,23 @@ def build(which: str, cfg: LxmertConfig):
     return model, step
 
 
-def peak_memory_child(which: str, batch: int, steps: int) -> None:
+def peak_memory_child(which: str, batch: int, steps: int, device: str, bf16: bool) -> None:
     cfg = LxmertConfig.preset("base")
-    _, step = build(which, cfg)
-    b = make_batch(cfg, batch, 20, 36)
+    _, step = build(which, cfg, device, bf16)
+    b = to_device(make_batch(cfg, batch, 20, 36), device)
     for _ in range(steps):
         step(b)
+    if device == "cuda":
+        print(json.dumps({"peak_mb": torch.cuda.max_memory_allocated() / 2**20}))
+        return
     # VmHWM (peak resident set) starts afresh at exec, unlike ru_maxrss which a forked child inherits.
     status = Path("/proc/self/status").read_text()
     hwm_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
-    print(json.dumps({"peak_rss_mb": hwm_kb / 1024}))
+    print(json.dumps({"peak_mb": hwm_kb / 1024}))
+
+
+def to_device(batch: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def main() -> None:
@@ -130,17 +140,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="timed steps per implementation")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--bf16", action="store_true", help="both under torch.autocast(bfloat16)")
     ap.add_argument("--memory-child", choices=["ours", "hf"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     batch = args.batch or (8 if args.quick else 32)
     steps = args.steps or (2 if args.quick else 6)
     if args.memory_child:
-        peak_memory_child(args.memory_child, batch, 1)
+        peak_memory_child(args.memory_child, batch, 1, args.device, args.bf16)
         return
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch sees no CUDA device here")
 
     cfg = LxmertConfig.preset("base")
-    data = make_batch(cfg, batch, 20, 36)
-    runners = {name: build(name, cfg)[1] for name in ("ours", "hf")}
+    data = to_device(make_batch(cfg, batch, 20, 36), args.device)
+    runners = {name: build(name, cfg, args.device, args.bf16)[1] for name in ("ours", "hf")}
     # Two warm-up rounds: the first allocates AdamW's state, the second lets each side's allocations
     # settle after the other's; the first round's losses are reported (same weights, same batch).
     losses = {name: run(data) for name, run in runners.items()}
@@ -159,25 +173,43 @@ def main() -> None:
     peak = {}
     if not args.no_memory:
         for name in ("ours", "hf"):
-            cmd = [sys.executable, __file__, "--memory-child", name, "--batch", str(batch)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--memory-child",
+                name,
+                "--batch",
+                str(batch),
+                "--device",
+                args.device,
+            ]
+            cmd += ["--bf16"] if args.bf16 else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            peak[name] = json.loads(out.strip().splitlines()[-1])["peak_rss_mb"]
+            peak[name] = json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
     rate = {name: len(t) / sum(t) for name, t in times.items()}
     ratio = rate["ours"] / rate["hf"]
-    print(f"LXMERT pre-training step, base config, batch {batch}, 20 tokens, 36 boxes, fp32 CPU, "
-          f"{torch.get_num_threads()} threads, {steps} alternating steps")  # fmt: skip
-    print(f"{'impl':<14}{'steps/s':>10}{'s/step':>10}{'peak RSS MB':>14}{'first loss':>12}")
+    cuda = args.device == "cuda"
+    precision = "bf16 autocast" if args.bf16 else "fp32"
+    where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
+    memory = "peak_cuda_mb" if cuda else "peak_rss_mb"
+    print(f"LXMERT pre-training step, base config, batch {batch}, 20 tokens, 36 boxes, {precision}, "
+          f"{where}, {steps} alternating steps")  # fmt: skip
+    print(f"{'impl':<14}{'steps/s':>10}{'s/step':>10}{memory:>14}{'first loss':>12}")
     for name, label in (("ours", "xmodal"), ("hf", "transformers")):
         mem = f"{peak[name]:.0f}" if name in peak else "-"
         print(f"{label:<14}{rate[name]:>10.3f}{1 / rate[name]:>10.2f}{mem:>14}{losses[name]:>12.4f}")
     print(f"ratio (xmodal / transformers steps/s): {ratio:.2f}")
+    device = (
+        where
+        if cuda
+        else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    )
     print(json.dumps({
-        "name": "lxmert_pretrain_step",
-        "device": f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "name": "lxmert_pretrain_step", "device": device, "precision": precision,
         "batch": batch, "tokens": 20, "boxes": 36, "steps": steps,
         "ours_steps_per_s": round(rate["ours"], 4), "hf_steps_per_s": round(rate["hf"], 4),
-        "ours_peak_rss_mb": round(peak.get("ours", 0)), "hf_peak_rss_mb": round(peak.get("hf", 0)),
+        f"ours_{memory}": round(peak.get("ours", 0)), f"hf_{memory}": round(peak.get("hf", 0)),
         "ours_loss": round(losses["ours"], 4), "hf_loss": round(losses["hf"], 4),
         "ours_step_s": [round(x, 3) for x in times["ours"]], "hf_step_s": [round(x, 3) for x in times["hf"]],
         "ratio": round(ratio, 3),

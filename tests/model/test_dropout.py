@@ -28,6 +28,32 @@ def test_gradient_is_the_same_mask_and_scale():
     torch.testing.assert_close(x.grad, torch.where(kept, g / 0.7, torch.zeros_like(g)))
 
 
+def test_rate_one_and_bad_rates():
+    x = torch.randn(4, 4, requires_grad=True)
+    y = dropout(x, 1.0, training=True)
+    assert not y.any()
+    y.sum().backward()
+    assert not x.grad.any()
+    for p in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            Dropout(p)
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            dropout(x, p, training=True)
+
+
+def test_torch_func_grad_goes_through():
+    x = torch.rand(32, 32) + 0.5
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(4)
+        return dropout(t, 0.25, training=True).sum()
+
+    grad = torch.func.grad(f)(x)
+    torch.manual_seed(4)
+    kept = dropout(x, 0.25, training=True) != 0
+    torch.testing.assert_close(grad, kept.float() / 0.75)
+
+
 def test_eval_and_zero_rate_are_the_identity():
     x = torch.randn(8, 8)
     assert dropout(x, 0.1, training=False) is x

@@ -104,6 +104,14 @@ def test_losses_agree_with_direct_recomputation(cfg, pretrain, lx):
     torch.testing.assert_close(out.lm_logits, full.lm_logits[picked], atol=1e-5, rtol=1e-5)
 
 
+def test_left_padding_is_refused(cfg, lx):
+    """The pooler reads position 0 and padding has no state, so a left-padded row would pool nothing."""
+    inputs = lx.make_inputs(cfg)
+    inputs["attention_mask"] = inputs["attention_mask"].flip(1)
+    with pytest.raises(ValueError, match="pad on the right"):
+        Lxmert(cfg)(**inputs)
+
+
 def test_labels_at_padding_count_for_nothing(cfg, pretrain, lx):
     """Padding has no state, so MLM labels on padded tokens and object weights on padded boxes are
     ignored: the losses equal those with the padding left unlabelled."""

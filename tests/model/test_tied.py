@@ -38,16 +38,37 @@ def test_gradients_equal_plain_autograd():
                 torch.testing.assert_close(a, b, msg=f"{name}, {decodes} decodes")
 
 
-def test_each_forward_has_its_own_hand_off():
-    table = torch.randn(20, 4, requires_grad=True)
+def test_a_backward_that_stops_short_of_the_lookup_leaves_nothing_behind():
+    """A per-head gradient (autograd.grad of the decoder bias, retain_graph) before the full backward:
+    the first pass's decoder gradient must not be counted again in the second."""
+
+    def table_grad(tied: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        table = torch.randn(20, 4, dtype=torch.float64, requires_grad=True)
+        bias = torch.randn(20, dtype=torch.float64, requires_grad=True)
+        ids = torch.tensor([[1, 2, 3]])
+        pair = TiedWords(table)
+        words = pair.lookup(ids) if tied else F.embedding(ids, table)
+        logits = pair.decode(torch.tanh(words), bias) if tied else F.linear(torch.tanh(words), table, bias)
+        loss = logits.log_softmax(-1)[..., 0].sum()
+        torch.autograd.grad(loss, [bias], retain_graph=True)
+        loss.backward(inputs=[bias], retain_graph=True)
+        loss.backward()
+        return table.grad
+
+    torch.testing.assert_close(table_grad(tied=True), table_grad(tied=False))
+
+
+def test_forwards_do_not_share_a_hand_off():
+    """Two forwards over two tables in one backward: each table gets its own gradient."""
+    torch.manual_seed(1)
+    tables = [torch.randn(20, 4, requires_grad=True) for _ in range(2)]
+    plain = [t.detach().clone().requires_grad_() for t in tables]
     bias = torch.zeros(20)
     ids = torch.tensor([[1, 2, 3]])
-    first, second = TiedWords(table), TiedWords(table)
-    a = first.decode(first.lookup(ids), bias).sum()
-    b = second.decode(second.lookup(ids), bias).sum()
-    (a + b).backward()
-    assert first.pending is None and second.pending is None
-    single = torch.randn(20, 4).copy_(table.detach()).requires_grad_()
-    pair = TiedWords(single)
-    (2 * pair.decode(pair.lookup(ids), bias).sum()).backward()
-    torch.testing.assert_close(table.grad, single.grad)
+    pairs = [TiedWords(t) for t in tables]
+    sum((k + 1) * p.decode(p.lookup(ids), bias).pow(2).sum() for k, p in enumerate(pairs)).backward()
+    sum((k + 1) * F.linear(F.embedding(ids, t), t, bias).pow(2).sum() for k, t in enumerate(plain)).backward()
+    for got, expected in zip(tables, plain, strict=True):
+        torch.testing.assert_close(got.grad, expected.grad)
+    assert all(p.pending is None for p in pairs)
