@@ -28,12 +28,16 @@ class _MaskedScale(torch.autograd.Function):
         return grad.mul(keep).mul_(ctx.scale), None, None
 
 
+def _check_rate(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """`F.dropout`, except on CPU: there `bernoulli_` plus a float mask costs about twice a uniform draw
     compared with `p` and a boolean mask. The mask is drawn in fp32 whatever `x`'s dtype, so `p` is exact
     to 2^-24 under bf16 autocast too."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    _check_rate(p)
     if not training or p == 0.0:
         return x
     if p == 1.0:
@@ -49,8 +53,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        _check_rate(p)
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -557,6 +557,10 @@ def _plan_resources(cfg: ExtractConfig, local: bool) -> _Plan:
     )
 
 
+def _alive_node_resources() -> list[dict]:
+    return [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+
+
 def _largest_node(cpus: float, gpus: float, gpus_per_worker: float) -> tuple[float, float]:
     """The most CPUs of an alive node that has `gpus_per_worker` GPUs, and the most GPUs of any.
 
@@ -564,7 +568,7 @@ def _largest_node(cpus: float, gpus: float, gpus_per_worker: float) -> tuple[flo
     Falls back to every node's CPUs when none has the GPUs (the GPU check refuses that), and to the
     cluster's totals when Ray lists no node.
     """
-    alive = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    alive = _alive_node_resources()
     if not alive:
         return cpus, gpus
     hosts = [r for r in alive if float(r.get("GPU", 0)) >= gpus_per_worker - 1e-9] or alive
@@ -615,7 +619,7 @@ def _requested(plan: _Plan) -> str:
 def _cluster_state() -> str:
     total = ray.cluster_resources()
     free = ray.available_resources()
-    alive = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    alive = _alive_node_resources()
     nodes = ", ".join(f"{r.get('CPU', 0):g} CPU/{r.get('GPU', 0):g} GPU" for r in alive[:8])
     more = f" and {len(alive) - 8} more" if len(alive) > 8 else ""
     return (

@@ -143,9 +143,14 @@ class PretrainTask:
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         return self.collator(items, rng)
 
+    @property
+    def qa_active(self) -> bool:
+        """Whether QA trains this epoch (`task.qa_from_epoch`); the collator holds it, as it builds
+        validation's clean QA inputs only while QA is on."""
+        return self.collator.qa_active
+
     def set_epoch(self, epoch: int) -> None:
-        # the collator builds validation's clean QA inputs only while QA is on
-        self.qa_active = self.collator.qa_active = epoch >= self.config.qa_from_epoch
+        self.collator.qa_active = epoch >= self.config.qa_from_epoch
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         out, total = self._forward(model, batch)
@@ -177,7 +182,7 @@ class PretrainTask:
                 labels = batch["matched_labels"]
                 matched[0] += int((out.matched_logits.argmax(-1) == labels).sum())
                 matched[1] += labels.numel()
-            if self.qa_active and "qa_eval" in batch:
+            if "qa_eval" in batch:  # built only while QA is on
                 scores = _predicted_answer_scores(model, batch)
                 for source, score in zip(batch["qa_eval_sources"], scores.tolist(), strict=True):
                     acc = qa.setdefault(source, [0.0, 0])

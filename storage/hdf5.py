@@ -146,9 +146,9 @@ def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> dict[in
         if ids is None:
             pickle = Path(f"{stem}_imgid2idx.pkl")
             hint = (
-                f"{pickle} is a pickle, which xmodal never loads (it can run code); convert it once, in a "
-                'Python you trust: python -c "import json, pickle; json.dump({str(k): int(v) for k, v in '
-                f"pickle.load(open('{pickle}', 'rb')).items()}}, open('{stem}_imgid2idx.json', 'w'))\""
+                f"{pickle} is a pickle, which xmodal never loads (it can run code); write its "
+                f"{{image id: row}} map as JSON to {stem}_imgid2idx.json, or its ids in row order, one per "
+                f"line, to {stem}_ids.txt"
                 if pickle.is_file()
                 else f"give it with --ids, or put it at {candidates[0]}"
             )

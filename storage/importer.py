@@ -12,11 +12,10 @@ import numpy as np
 
 from storage.errors import BadInputError
 from storage.records import RegionFeatures
-from storage.writer import FeatureWriter
+from storage.writer import DEFAULT_FEATURE_DIM, FeatureWriter
 
 log = logging.getLogger(__name__)
 _BAD_KEPT_IN_META = 100
-_DEFAULT_FEATURE_DIM = 2048  # LXMERT's, for inputs whose every record has zero boxes
 # Zero-box records carry no feature width: up to this many are held back until a record shows it.
 _EMPTY_HELD_BACK = 10_000
 
@@ -94,10 +93,10 @@ def import_records(
                         "storing %d-d features (pass --feature-dim if that is wrong)",
                         src,
                         len(held),
-                        _DEFAULT_FEATURE_DIM,
+                        DEFAULT_FEATURE_DIM,
                     )
-                    release_held(_DEFAULT_FEATURE_DIM)
-        release_held(feature_dim or _DEFAULT_FEATURE_DIM)
+                    release_held(DEFAULT_FEATURE_DIM)
+        release_held(DEFAULT_FEATURE_DIM)  # only zero-box records wait, and only when no width was given
         if writer is None:
             if feature_dim is None:
                 raise BadInputError(f"{src}: no valid record to import (nothing written)")

@@ -96,11 +96,6 @@ def _shard(path: Path, lock: bool, readahead: bool) -> _Shard:
     shard = _OPEN.get(key)
     if shard is not None and lock and not shard.lock:
         # a reader beside a live writer needs the lock table: reopen with it for every reader here
-        if shard.views:
-            raise StoreError(
-                f"{path} is being read without a lock in this process (an open FeatureReader.view() "
-                "block): leave the block before opening it with lock=True"
-            )
         release(path)
         shard = None
     if shard is None:
@@ -109,11 +104,20 @@ def _shard(path: Path, lock: bool, readahead: bool) -> _Shard:
 
 
 def release(path: str | os.PathLike) -> None:
-    """Close this process's read-only environment of `path`, if open (a writer is about to open it)."""
+    """Close this process's read-only environment of `path`, if open (a writer is about to open it, a
+    locked reader replaces it, or a reader is closed). Refused while a `FeatureReader.view()` block reads
+    it: its arrays point into the environment's map."""
     global _generation
     path = Path(path)
-    shard = _OPEN.pop(path.resolve(), None) if os.getpid() == _OPEN_PID else None
+    key = path.resolve()
+    shard = _OPEN.get(key) if os.getpid() == _OPEN_PID else None
+    if shard is not None and shard.views:
+        raise StoreError(
+            f"{path} is being read in this process (an open FeatureReader.view() block): leave the "
+            "block before opening it with lock=True, writing to it or closing its reader"
+        )
     if shard is not None:
+        del _OPEN[key]
         shard.env.close()
         _generation += 1
 

@@ -14,6 +14,7 @@ from storage.reader import release
 from storage.records import RegionFeatures
 
 log = logging.getLogger(__name__)
+DEFAULT_FEATURE_DIM = 2048  # LXMERT's RoI features, when nothing says otherwise
 
 
 class FeatureWriter:
@@ -26,7 +27,7 @@ class FeatureWriter:
     def __init__(
         self,
         path: str | os.PathLike,
-        feature_dim: int = 2048,
+        feature_dim: int = DEFAULT_FEATURE_DIM,
         max_boxes: int = 36,
         dtype: str = "float16",
         meta: dict | None = None,

@@ -68,15 +68,10 @@ def test_draw_marks_boxes_and_leaves_the_rest():
     assert not changed[56:, :].any() and not changed[:, :5].any() and not changed[:10, :].any()
 
 
-def test_features_show_cli(tmp_path, vocab_dir):
+def test_features_show_cli(tmp_path, vocab_dir, store_and_image):
     from pipelines.cli import main
-    from storage import FeatureWriter
 
-    store = tmp_path / "feats"
-    with FeatureWriter(store, feature_dim=8, max_boxes=36) as writer:
-        writer.put(record())
-    image = tmp_path / "img1.png"
-    cv2.imwrite(str(image), np.full((60, 80, 3), 127, np.uint8))
+    store, image = store_and_image
     out = tmp_path / "shown" / "img1.png"
     args = ["features", "show", str(store), "img1", "--image", str(image), "--out", str(out)]
     assert main([*args, "--vocab", str(vocab_dir)]) == 0

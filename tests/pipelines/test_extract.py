@@ -76,13 +76,9 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def reference(image_dir) -> dict:
-    """Direct Detector.detect on each good image, with the thread count of a replica sharing 2 CPUs.
-
-    One image per call, as the job below runs it, so that even the images a dead replica leaves behind
-    (retried one by one) must come out bit-identical.
-    """
+def _detect(items: list, batch: int) -> dict:
+    """Direct Detector.detect over `items` in batches of `batch`, unreadable images left out, with the
+    thread count of a replica sharing 2 CPUs."""
     import torch
 
     from extraction import Detector, ImageError, load_image
@@ -92,15 +88,26 @@ def reference(image_dir) -> dict:
     try:
         det = Detector.build(min_boxes=BOXES, max_boxes=BOXES, **TINY)
         out = {}
-        for item in iter_images([image_dir]):
-            try:
-                image = load_image(item.path)
-            except ImageError:
-                continue
-            out[item.img_id] = det.detect([image], [item.img_id])[0]
+        for start in range(0, len(items), batch):
+            images, ids = [], []
+            for item in items[start : start + batch]:
+                try:
+                    images.append(load_image(item.path))
+                    ids.append(item.img_id)
+                except ImageError:
+                    continue
+            if ids:
+                out.update((rec.img_id, rec) for rec in det.detect(images, ids))
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="module")
+def reference(image_dir) -> dict:
+    """Each good image detected alone, as the job below runs it, so that even the images a dead replica
+    leaves behind (retried one by one) must come out bit-identical."""
+    return _detect(list(iter_images([image_dir])), batch=1)
 
 
 def config(image_dir: Path, out: Path, **kw):
@@ -614,9 +621,7 @@ def test_two_replicas_store_equals_direct_detection_and_survives_a_replica_kill(
 def test_batched_store_equals_detect_on_the_same_batches(image_dir, ray_session, reference, tmp_path):
     """batch_size 3 on a store that already holds two ids: every record equals `Detector.detect` on the
     batch the job formed (listing order, stored ids left out, undecodable files dropped), bit for bit."""
-    import torch
 
-    from extraction import Detector, ImageError, load_image
     from pipelines.extract import run_extract
     from storage import FeatureWriter
 
@@ -632,22 +637,7 @@ def test_batched_store_equals_detect_on_the_same_batches(image_dir, ray_session,
 
     todo = [item for item in iter_images([image_dir]) if item.img_id not in stored]
     want = {img_id: reference[img_id] for img_id in stored}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a replica reserving 1 CPU runs one thread
-    try:
-        det = Detector.build(min_boxes=BOXES, max_boxes=BOXES, **TINY)
-        for start in range(0, len(todo), 3):
-            images, ids = [], []
-            for item in todo[start : start + 3]:
-                try:
-                    images.append(load_image(item.path))
-                    ids.append(item.img_id)
-                except ImageError:
-                    continue
-            if ids:
-                want.update((rec.img_id, rec) for rec in det.detect(images, ids))
-    finally:
-        torch.set_num_threads(threads)
+    want.update(_detect(todo, batch=3))
     assert_store_matches(out, want)
 
 

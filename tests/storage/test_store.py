@@ -265,3 +265,15 @@ def test_lock_true_while_a_lock_free_view_is_open_is_refused(tmp_path, make_reco
             len(FeatureReader(tmp_path / "s", lock=True))
         assert v["img_000000"].num_boxes == 36
     assert len(FeatureReader(tmp_path / "s", lock=True)) == 1
+
+
+def test_closing_or_writing_a_store_under_an_open_view_is_refused(tmp_path, make_record):
+    """The view's arrays point into the environment's map: nothing in this process may close it."""
+    write(tmp_path / "s", [make_record(0)])
+    with FeatureReader(tmp_path / "s").view() as v:
+        with pytest.raises(StoreError, match="view"):
+            FeatureReader(tmp_path / "s").close()
+        with pytest.raises(StoreError, match="view"):
+            FeatureWriter(tmp_path / "s")
+        assert v["img_000000"].num_boxes == 36
+    FeatureReader(tmp_path / "s").close()
