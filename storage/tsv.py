@@ -51,7 +51,8 @@ def tsv_layout(path: str | os.PathLike) -> str:
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
-                return _layout_of(line.rstrip(b"\r\n").split(b"\t"), f"{path} line {lineno}")[0]
+                fields = line.rstrip(b"\r\n").split(b"\t")
+                return _layout_of(fields, _where(path, lineno, fields))[0]
     raise BadInputError(f"{path}: the file is empty")
 
 
@@ -66,6 +67,10 @@ def _layout_of(fields: list[bytes], where: str) -> tuple[str, tuple[str, ...]]:
     return LAYOUTS[len(fields)]
 
 
+def _where(path: str | os.PathLike, lineno: int, fields: list[bytes]) -> str:
+    return f"{path} line {lineno} (id {fields[0].decode('utf-8', 'replace')!r})"
+
+
 def read_tsv(path: str | os.PathLike) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
     """Stream (where, record or error) line by line; blank lines are skipped like csv.DictReader does.
     The first line fixes the layout; bottom-up-attention records get UNKNOWN_LABEL ids at confidence 0."""
@@ -76,8 +81,7 @@ def read_tsv(path: str | os.PathLike) -> Iterator[tuple[str, RegionFeatures | Ba
             if not line.strip():
                 continue
             fields = line.split(b"\t")
-            img_id = fields[0].decode("utf-8", "replace")
-            where = f"{path} line {lineno} (id {img_id!r})"
+            where = _where(path, lineno, fields)
             if names is None:
                 names = _layout_of(fields, where)[1]
             if len(fields) != len(names):
