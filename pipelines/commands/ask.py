@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.ask import ask_image
+    from pipelines.apps.ask import ask_image
 
     try:
         result = ask_image(
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileNotFoundError) as exc:  # ImageError is a ValueError
         print(f"xmodal ask: {exc}", file=sys.stderr)
-        return 2
+        return 1
     if args.json:
         text = json.dumps(_as_json(args, result.answers), indent=1)
         if args.json == "-":

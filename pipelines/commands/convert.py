@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _convert_lxmert(args: argparse.Namespace) -> None:
-    from model.convert import convert_lxmert
-    from pipelines.answers import ANSWERS_FILE, AnswerTable
+    from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+    from pipelines.model_api import convert_lxmert
 
     table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
     dst = convert_lxmert(

@@ -28,14 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.demo import DemoConfig, DemoError, run_demo
+    from pipelines.apps.demo.demo import DemoConfig, DemoError, run_demo
+    from pipelines.cli import main
 
     kw = {"workdir": args.workdir, "seed": args.seed, "weights": args.weights}
     if args.images is not None:
         kw["images"] = args.images
     cfg = DemoConfig.quick(**kw) if args.quick else DemoConfig(**kw)
     try:
-        summary = run_demo(cfg)
+        summary = run_demo(cfg, xmodal=main)
     except DemoError as exc:
         log.error("%s", exc)
         return 1
