@@ -49,6 +49,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
     parser.add_argument(
         "--cpus-per-worker", type=float, help="CPUs per Ray worker (default: train.cpus_per_worker)"
     )
+    parser.add_argument(
+        "--address",
+        help="Ray cluster for --workers: auto, HOST:PORT or ray://HOST:10001 (default: a private local "
+        "Ray instance, or RAY_ADDRESS when set)",
+    )
     add_overrides_argument(parser, "config overrides, e.g. train.grad_accum=2")
 
 
@@ -98,6 +103,7 @@ def resolve_run_config(
         "workers": args.workers,
         "gpus_per_worker": args.gpus_per_worker,
         "cpus_per_worker": args.cpus_per_worker,
+        "ray_address": args.address,
     }
     task = {
         "features": features,

@@ -62,7 +62,7 @@ def save_yaml(obj: Any, path: str | Path) -> None:
 
 
 def merge(cfg: T, data: Mapping[str, Any], where: str = "config") -> T:
-    """A copy of dataclass `cfg` with the keys of `data` replaced; nested dataclasses merge recursively."""
+    """A copy of dataclass `cfg` with the keys of `data` replaced; nested dataclasses and mappings merge."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{where}: expected a mapping for {type(cfg).__name__}")
     hints = typing.get_type_hints(type(cfg))
@@ -74,6 +74,9 @@ def merge(cfg: T, data: Mapping[str, Any], where: str = "config") -> T:
         current = getattr(cfg, key)
         if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
             changes[key] = merge(current, value, f"{where}.{key}")
+        elif isinstance(current, dict) and isinstance(value, Mapping):
+            # a free-form mapping (model or detector overrides): `a.b=c` sets one key, keeps the others
+            changes[key] = _coerce(_deep_update(current, value), hints[key], f"{where}.{key}")
         else:
             changes[key] = _coerce(value, hints[key], f"{where}.{key}")
     return dataclasses.replace(cfg, **changes)
@@ -155,6 +158,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return Path(value)
         raise ValueError(f"{where}: expected a path, got {value!r}")
     return value
+
+
+def _deep_update(base: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _deep_update(out[k], v) if isinstance(out.get(k), Mapping) and isinstance(v, Mapping) else v
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -513,48 +513,6 @@ def test_a_gpu_replica_counts_only_the_cpus_of_nodes_with_its_gpus(monkeypatch, 
     assert (cpu.device, cpu.cpus) == ("cpu", 8.0 - DECODE_CPUS)
 
 
-@pytest.mark.parametrize("address", ["auto", "10.0.0.1:6379", "ray://10.0.0.1:10001"])
-def test_joining_a_cluster_uploads_the_packages_unless_from_a_ray_job(monkeypatch, address):
-    import ray
-
-    from pipelines.jobs import ray_runtime
-
-    calls = []
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
-    monkeypatch.setattr(ray_runtime, "enable_token_auth_if_available", lambda: False)
-    monkeypatch.setattr(ray_runtime, "_current_address", lambda: "10.0.0.1:6379")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv(ray_runtime.RAY_JOB_MARKER, raising=False)
-
-    def shipped(kw: dict) -> list[str]:
-        return [Path(p).name for p in (kw.get("runtime_env") or {}).get("py_modules", [])]
-
-    ray_runtime.init_ray(address)
-    (kw,) = calls
-    assert kw["address"] == address
-    assert shipped(kw) == ["extraction", "storage", "model", "pipelines"]
-    assert all((Path(p) / "__init__.py").is_file() for p in kw["runtime_env"]["py_modules"])
-
-    calls.clear()  # a RAY_ADDRESS the user exported joins that cluster, code and all
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    ray_runtime.init_ray(None)
-    assert calls[0]["address"] == "10.0.0.1:6379" and shipped(calls[0]) == shipped(kw)
-
-    calls.clear()  # inside a Ray Job (its driver's env as Ray 2.60 sets it): the working dir has the code
-    monkeypatch.setenv(ray_runtime.RAY_JOB_MARKER, '{"runtime_env": {}, "metadata": {}}')
-    ray_runtime.init_ray(None)
-    ray_runtime.init_ray(address)
-    assert [c["address"] for c in calls] == ["10.0.0.1:6379", address]
-    assert all(c.get("runtime_env") is None for c in calls)
-
-    calls.clear()  # a private local instance runs this machine's code
-    monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.delenv(ray_runtime.RAY_JOB_MARKER)
-    ray_runtime.init_ray(None)
-    assert calls[0]["address"] == "local" and "runtime_env" not in calls[0]
-
-
 # ---- the Ray job, in process ----
 
 
