@@ -18,6 +18,8 @@ from storage import RegionFeatures
 log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "vg-r101-c4"
+DEFAULT_TOP_K = 5
+DEFAULT_DEVICE = "cpu"
 
 
 @dataclass
@@ -68,7 +70,7 @@ def detector_settings(tuned: Finetuned, weights: str | None, **overrides) -> dic
     return settings
 
 
-def build_detector(tuned: Finetuned, weights: str | None = None, device: str = "cpu", **overrides):
+def build_detector(tuned: Finetuned, weights: str | None = None, device: str = DEFAULT_DEVICE, **overrides):
     from extraction import Detector
 
     settings = detector_settings(tuned, weights, **overrides)
@@ -81,7 +83,7 @@ def build_detector(tuned: Finetuned, weights: str | None = None, device: str = "
 
 
 @torch.no_grad()
-def ask(tuned: Finetuned, regions: RegionFeatures, question: str, top_k: int = 5) -> AskResult:
+def ask(tuned: Finetuned, regions: RegionFeatures, question: str, top_k: int = DEFAULT_TOP_K) -> AskResult:
     """Answer `question` about the image whose detector output is `regions`."""
     if tuned.answers is None:
         raise ValueError(
@@ -172,9 +174,9 @@ def ask_image(
     question: str,
     checkpoint: str | Path,
     weights: str | None = None,
-    top_k: int = 5,
+    top_k: int = DEFAULT_TOP_K,
     explain: str | Path | None = None,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     **detector_overrides,
 ) -> AskResult:
     """Detect regions in `image`, answer `question` with the fine-tuned `checkpoint`, optionally draw

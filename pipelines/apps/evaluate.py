@@ -19,6 +19,7 @@ from storage import FeatureReader
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 64
+DEFAULT_DEVICE = "auto"  # a GPU if any
 
 
 def metrics_path(predictions_path: str | Path) -> Path:
@@ -34,7 +35,7 @@ def evaluate(
     out: str | Path,
     task: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str = "auto",
+    device: str = DEFAULT_DEVICE,
     loader_workers: int = 0,
 ) -> dict[str, float] | None:
     """Predict every example of `split`, write `out` in the task's official format, and return the metrics

@@ -8,7 +8,7 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE
+    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE, DEFAULT_DEVICE
     from pipelines.tasks import finetuning_tasks
 
     parser.add_argument("task", choices=finetuning_tasks(), help="the task the checkpoint was tuned for")
@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_BATCH_SIZE,
         help=f"examples per forward pass (default: {DEFAULT_BATCH_SIZE})",
     )
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: a GPU if any)")
+    parser.add_argument(
+        "--device", default=DEFAULT_DEVICE, help="cpu, cuda, cuda:N (default: auto, a GPU if any)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -534,7 +534,7 @@ def test_two_replicas_store_equals_direct_detection_and_survives_a_replica_kill(
         while not finished.is_set():
             for proc in psutil.Process().children(recursive=True):
                 try:
-                    if " ".join(proc.cmdline()).startswith("ray::_Replica.detect"):
+                    if " ".join(proc.cmdline()).startswith("ray::Replica.detect"):
                         proc.send_signal(signal.SIGKILL)
                         killed.append(proc.pid)
                         return

@@ -58,6 +58,7 @@ def test_joining_a_cluster_uploads_the_packages_unless_from_a_ray_job(fake_ray, 
     ray_runtime.init_ray(None)
     assert calls[0]["address"] == "local" and "runtime_env" not in calls[0]
 
+
 def test_training_workers_start_a_private_instance_never_a_running_cluster(fake_ray, monkeypatch):
     from pipelines.jobs.ray_runtime import ray_for_workers
 
