@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from pipelines.cli import main as xmodal
-from pipelines.data.text import SPECIAL_TOKENS, corpus_texts, load_tokenizer, save_tokenizer
+from pipelines.data.text import SPECIAL_TOKENS, EncodedTexts, corpus_texts, load_tokenizer, save_tokenizer
 
 
 def test_vocab_build_from_text_and_json_then_load(tmp_path):
@@ -50,3 +51,22 @@ def test_bad_inputs(tmp_path, capsys):
     vocab.write_text("hello\nworld\n")
     with pytest.raises(ValueError, match="special tokens"):
         load_tokenizer(vocab)
+
+
+class _Tok:
+    """Whitespace tokenizer with BERT's [CLS]/[SEP] framing and truncation."""
+
+    def __call__(self, sents, truncation, max_length):
+        ids = [[101] + [len(w) for w in s.split()][: max_length - 2] + [102] for s in sents]
+        return {"input_ids": ids}
+
+
+def test_encoded_texts_round_trip_in_chunks():
+    sents = ["a bb ccc", "dddd", "e f g h i j k"]
+    texts = EncodedTexts(_Tok(), sents, max_length=5, chunk=2)
+    assert [texts[i].tolist() for i in range(len(texts))] == [
+        [101, 1, 2, 3, 102],
+        [101, 4, 102],
+        [101, 1, 1, 1, 102],
+    ]
+    assert texts[0].dtype == np.int64
