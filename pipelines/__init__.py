@@ -1,1 +1,1 @@
-"""Datasets, training, evaluation, Ray jobs and the `xmodal` command line."""
+"""Everything above the networks: engine/ (training loop), data/, tasks/ (TASKS), jobs/ (Ray), apps/, the CLI."""
