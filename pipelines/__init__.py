@@ -1,1 +1,2 @@
-"""Everything above the networks: engine/ (training loop), data/, tasks/ (TASKS), jobs/ (Ray), apps/, the CLI."""
+"""Everything above the networks: engine/ (the training loop), data/, tasks/ (the TASKS table), jobs/ (Ray),
+apps/ and the `xmodal` command line."""
