@@ -74,9 +74,11 @@ class DetectorConfig:
         return {name: getattr(self, name) for name in ARCHITECTURE_FIELDS}
 
 
+DEFAULT_PRESET = "vg-r101-c4"
+
 PRESETS: dict[str, DetectorConfig] = {
     # LXMERT's extraction settings (bottom-up attention test config: 600/1000, 300 proposals)
-    "vg-r101-c4": DetectorConfig(),
+    DEFAULT_PRESET: DetectorConfig(),
     # the same network at detectron2's stock test settings
     "vg-r101-c4-d2": DetectorConfig(min_size=800, max_size=1333, post_nms_topk=1000),
 }

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from extraction.box_coder import BoxCoder
-from extraction.config import DetectorConfig, resolve_config
+from extraction.config import DEFAULT_PRESET, DetectorConfig, resolve_config
 from extraction.postprocess import to_record
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
@@ -53,7 +53,7 @@ class Detector:
     @classmethod
     def build(
         cls,
-        preset: str = "vg-r101-c4",
+        preset: str = DEFAULT_PRESET,
         weights: str | Path | None = None,
         device: str | torch.device = "cpu",
         selection: str = "caffe",

@@ -12,13 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from extraction.config import PRESETS, DetectorConfig
+from extraction.config import DEFAULT_PRESET, PRESETS, DetectorConfig
 from extraction.selection import SelectionConfig
 
 log = logging.getLogger(__name__)
 
 DETECTOR_NAME = "vg-faster-rcnn-r101-c4"
-DEFAULT_PRESET = "vg-r101-c4"
 # SelectionConfig fields that Detector.build takes as its own arguments rather than as overrides
 SELECTION_ARGUMENTS = {"rule": "selection", "min_boxes": "min_boxes", "max_boxes": "max_boxes"}
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from extraction.config import preset_config
+from extraction.config import DEFAULT_PRESET, preset_config
 from extraction.rcnn import VGFasterRCNN
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def load_detector_weights(model: nn.Module, path: str | Path, strict: bool = Tru
 
 
 def convert_detector_checkpoint(
-    src: str | Path, dst: str | Path, strict: bool = True, preset: str = "vg-r101-c4"
+    src: str | Path, dst: str | Path, strict: bool = True, preset: str = DEFAULT_PRESET
 ) -> LoadReport:
     """Check a detectron2 .pkl / HuggingFace .bin / safetensors checkpoint against `preset`'s network and
     write it as safetensors."""
