@@ -119,8 +119,9 @@ def seed_answer_head(
     """Copy a pre-training QA head (`source`: its state dict) into a fine-tuning answer head.
 
     As the release's `load_lxmert_qa`: the hidden layers are copied whole and the output layer
-    (`classifier.*`) row by row for the answers both tables hold; other rows keep their initialisation.
-    Returns the number of rows copied.
+    (`classifier.*`) row by row for the answers both tables hold (matched after the release's answer
+    normalisation); the rows of answers the pre-training table lacks are zeroed (weight and bias), so
+    those answers start at logit 0. Returns the number of rows copied.
     """
     own = head.state_dict()
     missing = sorted(set(own) - set(source))
@@ -137,6 +138,7 @@ def seed_answer_head(
                         f"QA head {name} is {tuple(src.shape)} but the pre-training table has "
                         f"{len(source_answers)} answers; pass the matching table"
                     )
+                value.zero_()
                 if rows:
                     dst_idx = torch.tensor([i for i, _ in rows])
                     src_idx = torch.tensor([j for _, j in rows])
