@@ -26,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the network the checkpoint is checked against (default: {DETECTOR_PRESET})",
     )
     lx = sub.add_parser("lxmert", help="original release / HuggingFace LXMERT -> xmodal directory (or back)")
-    lx.add_argument("src", help="Epoch20_LXRT.pth, model_LXRT.pth, BEST.pth, or a HuggingFace or xmodal dir")
+    lx.add_argument(
+        "src",
+        help="Epoch20_LXRT.pth, model_LXRT.pth, BEST.pth, an LXRTEncoder.save file (NAME_LXRT.pth, "
+        "the encoder alone), or a HuggingFace or xmodal dir",
+    )
     lx.add_argument("dst", help="output directory")
     lx.add_argument("--to-hf", action="store_true", help="export an xmodal dir to the HuggingFace layout")
     lx.add_argument(
