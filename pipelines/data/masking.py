@@ -148,6 +148,10 @@ class PretrainCollator:
             m = item["features"].shape[0]
             obj[k, :m], obj_conf[k, :m] = item["objects_id"], item["objects_conf"]
             attr[k, :m], attr_conf[k, :m] = item["attrs_id"], item["attrs_conf"]
+        # regions imported without detector labels (UNKNOWN_LABEL, -1) train no label loss: label 0, weight 0
+        for labels, conf in ((obj, obj_conf), (attr, attr_conf)):
+            unknown = labels < 0
+            labels[unknown], conf[unknown] = 0, 0.0
         visual = cfg.obj or cfg.attr or cfg.feat
         if visual:
             group = np.unique([item["img_id"] for item in items], return_inverse=True)[1]

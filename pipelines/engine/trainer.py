@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.engine import config_io
 from pipelines.engine.checkpoints import STATE_FILE, latest_checkpoint, prune, replace_dir, step_dir
+from pipelines.engine.optimizers import build_optimizer
 from pipelines.engine.run_log import RunLog
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ class TrainConfig:
     all workers and accumulation steps (a micro-batch holds batch_size / (workers x grad_accum))."""
 
     lr: float = 1e-4
+    # bertadam: the LXMERT release's BertAdam (no bias correction, eps 1e-6); adamw: torch's AdamW
+    optimizer: Literal["adamw", "bertadam"] = "adamw"
     batch_size: int = 32
     epochs: int = 1
     max_steps: int | None = None  # when set, wins over epochs
@@ -133,8 +136,8 @@ class TrainingRun:
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * self.steps_per_epoch
         torch.manual_seed(cfg.seed)
         self.model = self.task.build_model().to(self.device)
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
+        self.optimizer = build_optimizer(
+            cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay
         )
         warmup = int(cfg.warmup_ratio * self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -69,9 +69,16 @@ class PretrainConfig:
 
 
 def default_train_config() -> TrainConfig:
-    """SPEC §2: lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay, clip 1.0, decay 0.01 on all."""
+    """The paper's recipe: BertAdam, lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay,
+    clip 1.0, decay 0.01 on all parameters."""
     return TrainConfig(
-        lr=1e-4, batch_size=256, epochs=20, warmup_ratio=0.05, weight_decay=0.01, clip_norm=1.0
+        lr=1e-4,
+        optimizer="bertadam",
+        batch_size=256,
+        epochs=20,
+        warmup_ratio=0.05,
+        weight_decay=0.01,
+        clip_norm=1.0,
     )
 
 
@@ -115,6 +122,8 @@ class PretrainTask:
         if masking.qa and len(answers) == 0:
             log.warning("no answer in the training labels: image QA is switched off")
             masking = dataclasses.replace(masking, qa=False)
+        if masking.obj or masking.attr:
+            _warn_unlabelled(self.features)
         self.collator = PretrainCollator(self.tokenizer, train, self.features.max_boxes, masking)
         self.set_epoch(0)
         log.info(
@@ -253,3 +262,18 @@ def pretrain(run: PretrainRun, out_dir: str | Path, resume: bool = False) -> dic
         task.answers.save(out_dir / ANSWERS_FILE)
     with ray_for_workers(run.train.workers, run.train.ray_address):
         return fit(task, run.train, out_dir, resume=resume)
+
+
+def _warn_unlabelled(features: FeatureReader) -> None:
+    """Say once per store that records imported without detector labels train no obj/attr loss."""
+    for shard in features.shards:
+        meta = shard.read_meta()
+        unlabelled = meta.get("provenance", {}).get("unlabelled_records", 0)
+        if unlabelled:
+            log.warning(
+                "%s: %d of %d records have no detector labels (imported from a 6-field TSV or HDF5): "
+                "the object and attribute losses are off for their regions (weight 0)",
+                shard.path,
+                unlabelled,
+                meta.get("count", unlabelled),
+            )

@@ -99,4 +99,5 @@ def tiny_run_overrides() -> list[str]:
         "train.loader_workers=0",
         "train.log_every=1",
         "train.warmup_ratio=0.1",
+        "train.optimizer=adamw",  # the tests' learning rates are tuned for AdamW; BertAdam has its own tests
     ]
