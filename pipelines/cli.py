@@ -18,6 +18,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("pretrain", "pre-train a model (LXMERT: the five tasks)"),
     ("finetune", "fine-tune on a task (VQA, GQA, NLVR2)"),
     ("evaluate", "evaluate a fine-tuned checkpoint and write prediction files"),
+    ("score", "score a prediction file against the gold answers as the official evaluators do"),
     ("ask", "ask a question about one image"),
     ("demo", "run the whole pipeline on generated data"),
 )

@@ -148,6 +148,12 @@ class FinetuneTask:
         raise NotImplementedError
 
     @staticmethod
+    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+        """The official scores (pipelines.scoring) of a prediction file in the task's official format
+        against a gold file; `questions`: a questions file checked against the gold (VQA)."""
+        raise NotImplementedError
+
+    @staticmethod
     def write_predictions(path: str | Path, predictions: dict) -> Path:
         """`predictions` in the official format of the task's evaluation server or script."""
         raise NotImplementedError
@@ -173,8 +179,10 @@ class FinetuneTask:
 
     @classmethod
     def default_train_config(cls) -> TrainConfig:
-        """The SPEC's fine-tuning schedule for this task."""
-        return TrainConfig(lr=cls.lr, batch_size=32, epochs=4, warmup_ratio=0.1, clip_norm=5.0)
+        """The release's fine-tuning recipe for this task: BertAdam, 10% warm-up, clip 5."""
+        return TrainConfig(
+            lr=cls.lr, optimizer="bertadam", batch_size=32, epochs=4, warmup_ratio=0.1, clip_norm=5.0
+        )
 
     # ---- setup
     def _load(self, files: list[str], what: str) -> list[Example]:

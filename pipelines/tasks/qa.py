@@ -11,6 +11,9 @@ import torch
 from model import read_checkpoint
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.qa import QADataset, collate_qa, load_qa_examples
+from pipelines.scoring.gqa import score_gqa_files
+from pipelines.scoring.inputs import ScoringInputError
+from pipelines.scoring.vqa import score_vqa_files
 from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.metrics import gqa_accuracy, vqa_accuracy
 from pipelines.tasks.predictions import write_gqa_predictions, write_vqa_predictions
@@ -101,6 +104,7 @@ class VQATask(QATask):
     name = "vqa"
     lr = 5e-5
     score = staticmethod(vqa_accuracy)
+    score_files = staticmethod(score_vqa_files)
     write_predictions = staticmethod(write_vqa_predictions)
 
 
@@ -111,6 +115,14 @@ class GQATask(QATask):
     lr = 1e-5
     score = staticmethod(gqa_accuracy)
     write_predictions = staticmethod(write_gqa_predictions)
+
+    @staticmethod
+    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+        if questions is not None:
+            raise ScoringInputError(
+                f"{questions}: GQA's questions file is its gold (the answers are in it): give it as --gold"
+            )
+        return score_gqa_files(predictions, gold)
 
 
 def seed_answer_head(
