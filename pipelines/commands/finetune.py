@@ -11,7 +11,8 @@ from pipelines.commands.run_options import add_run_arguments, resolve_run_config
 EPILOG = """\
 data: VQA/GQA JSON rows {question_id, img_id, sent, label: {answer: score}}, NLVR2 rows
 {identifier, img0, img1, sent, label: 0|1} (JSON list or JSON lines); every image id must be in --features.
-defaults (SPEC): lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32, 4 epochs, warm-up 10%, clip 5.0.
+defaults (the release's): BertAdam, lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32, 4 epochs, warm-up 10%,
+clip 5.0.
 precedence: task defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
 < KEY=VALUE overrides (e.g. train.grad_accum=2 task.max_length=30 task.model.hidden_dropout_prob=0.2).
 The run directory holds best/ (by validation accuracy), last/, checkpoints/, metrics.jsonl, config.yaml;

@@ -1,4 +1,4 @@
-"""Pre-training collation (SPEC §2): masked tokens, masked objects, mismatched sentences, QA answers.
+"""Pre-training collation: masked tokens, masked objects, mismatched sentences, QA answers.
 
 Runs in DataLoader workers; every random choice comes from the `rng` handed in, so a batch is a pure
 function of its examples and its seed. Validation items (`"evaluation": True`) also get the questions'
@@ -69,7 +69,7 @@ def sample_answer(answers: Sequence[tuple[int, float]], rng: np.random.Generator
 
 @dataclass
 class MaskingConfig:
-    """Which pre-training tasks get labels, and the SPEC's probabilities."""
+    """Which pre-training tasks get labels, and the release's probabilities."""
 
     mlm: bool = True
     matched: bool = True

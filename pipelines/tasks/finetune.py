@@ -73,12 +73,12 @@ class FinetuneRun:
 class FinetuneTask:
     """A trainer Task for one fine-tuning task; loads the data and tokenizer up front.
 
-    A subclass names its `role` in the model family, its SPEC learning rate, and how examples are read,
+    A subclass names its `role` in the model family, its learning rate, and how examples are read,
     turned into a dataset, collated, decoded into predictions, scored and written in the official format."""
 
     name: ClassVar[str]
     role: ClassVar[str]  # the model family's class for this task: models[role]
-    lr: ClassVar[float]  # SPEC §2: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
+    lr: ClassVar[float]  # the release: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
     example_noun: ClassVar[str] = "examples"
     primary_metric = "accuracy"
 

@@ -1,4 +1,4 @@
-"""Pre-training as a trainer Task: the five LXMERT tasks over the feature store, with SPEC §2 defaults."""
+"""Pre-training as a trainer Task: the five LXMERT tasks over the feature store, the release's defaults."""
 
 from __future__ import annotations
 
