@@ -1,4 +1,4 @@
-"""Typed configs: YAML files, `key=value` overrides (nested), type checks, the SPEC's defaults."""
+"""Typed configs: YAML files, `key=value` overrides (nested), type checks, the release's defaults."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pipelines.engine import config_io
 from pipelines.tasks.pretrain import PretrainRun
 
 
-def test_spec_defaults():
+def test_release_defaults():
     run = PretrainRun()
     t = run.train
     assert (t.lr, t.batch_size, t.epochs, t.warmup_ratio, t.clip_norm, t.weight_decay) == (
@@ -20,6 +20,7 @@ def test_spec_defaults():
         0.01,
     )
     assert t.decay_norm_and_bias  # the release decays every parameter
+    assert t.optimizer == "bertadam"
     m = run.task.masking
     assert (m.mlm_prob, m.object_prob, m.mismatch_prob, m.max_seq_len, m.object_loss_on) == (
         0.15,
@@ -61,3 +62,9 @@ def test_yaml_then_overrides(tmp_path):
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError, match=message):
         config_io.load(PretrainRun, None, [override])
+
+
+def test_optimizer_override_is_checked():
+    assert config_io.load(PretrainRun, None, ["train.optimizer=adamw"]).train.optimizer == "adamw"
+    with pytest.raises(ValueError, match="optimizer"):
+        config_io.load(PretrainRun, None, ["train.optimizer=sgd"])
