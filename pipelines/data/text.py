@@ -13,7 +13,7 @@ import torch
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 DEFAULT_VOCAB_SIZE = 30522  # bert-base-uncased
-MIN_REAL_TOKENS = 10  # fewer words than this is a failed download or an empty corpus, not a vocabulary
+MIN_REAL_TOKENS = 1  # none at all is a failed download or an empty corpus, not a vocabulary
 HUB_PROBE_TIMEOUT = 10.0  # seconds
 
 

@@ -56,8 +56,8 @@ def test_bad_inputs(tmp_path, capsys):
 
 def test_a_vocab_of_special_tokens_alone_is_refused(tmp_path):
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("".join(t + "\n" for t in (*SPECIAL_TOKENS, "a", "b")))
-    with pytest.raises(ValueError, match="2 tokens besides the special ones"):
+    vocab.write_text("".join(t + "\n" for t in SPECIAL_TOKENS))
+    with pytest.raises(ValueError, match="0 tokens besides the special ones"):
         load_tokenizer(vocab)
 
 
