@@ -32,7 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the encoder alone), or a HuggingFace or xmodal dir",
     )
     lx.add_argument("dst", help="output directory")
-    lx.add_argument("--to-hf", action="store_true", help="export an xmodal dir to the HuggingFace layout")
+    lx.add_argument(
+        "--to-hf",
+        action="store_true",
+        help="export to the HuggingFace layout, with the tokenizer files and id2label/label2id, so "
+        "transformers' AutoTokenizer and Lxmert* classes load DST as it is",
+    )
+    lx.add_argument(
+        "--vocab",
+        help="with --to-hf: the vocab.txt to write as DST's tokenizer (default: SRC's vocab.txt; the release "
+        "was trained with bert-base-uncased's)",
+    )
     lx.add_argument(
         "--answers",
         metavar="FILE",
@@ -63,16 +73,47 @@ def run(args: argparse.Namespace) -> int:
 def _convert_lxmert(args: argparse.Namespace) -> None:
     from model import convert_lxmert
     from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+    from pipelines.data.text import load_tokenizer
 
+    src = Path(args.src)
     table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
+    if table is None and args.to_hf and (src / ANSWERS_FILE).is_file():
+        table = AnswerTable.load(src / ANSWERS_FILE)
+    tokenizer = None
+    if args.to_hf:  # a HuggingFace directory without its tokenizer maps every word to [UNK]
+        vocab = args.vocab or (src / "vocab.txt" if (src / "vocab.txt").is_file() else None)
+        if vocab is None:
+            raise ValueError(
+                f"{src} has no vocab.txt for the exported tokenizer: pass --vocab (bert-base-uncased's "
+                "vocab.txt for the release files)"
+            )
+        tokenizer = load_tokenizer(vocab)
+    elif args.vocab:
+        raise ValueError("--vocab only applies with --to-hf")
     dst = convert_lxmert(
         args.src, args.dst, to_hf=args.to_hf, num_answers=len(table) if table is not None else None
     )
-    if table is not None:
+    if tokenizer is not None:
+        _finish_hf_directory(Path(dst), tokenizer, table)
+    if table is not None and not args.to_hf:
         table.save(Path(dst) / ANSWERS_FILE)
         print(f"{dst}: converted, with the {len(table)}-answer table of {args.answers} as {ANSWERS_FILE}")
     else:
         print(f"{dst}: converted")
+
+
+def _finish_hf_directory(dst: Path, tokenizer, table) -> None:
+    """The tokenizer files, and the answers as `id2label`/`label2id` in config.json."""
+    import json
+
+    from pipelines.data.text import save_tokenizer
+
+    save_tokenizer(tokenizer, dst)
+    if table is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["id2label"] = {str(i): a for i, a in enumerate(table.answers)}
+        config["label2id"] = {a: i for i, a in enumerate(table.answers)}
+        (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _one_line(exc: BaseException, src: str) -> str:

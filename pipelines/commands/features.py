@@ -1,4 +1,4 @@
-"""`xmodal features info|verify|import|export|merge|show`: inspect, convert and draw region-feature stores."""
+"""`xmodal features info|ls|verify|import|export|merge|show`: inspect, convert and draw feature stores."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+LS_LIMIT = 100
 VG_VOCAB_ENV = "XMODAL_VG_VOCAB"  # the VG vocabulary folder for `features show` when --vocab is absent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for add in (_add_info, _add_verify, _add_import, _add_export, _add_merge, _add_show):
+    for add in (_add_info, _add_ls, _add_verify, _add_import, _add_export, _add_merge, _add_show):
         add(sub)
 
 
@@ -52,6 +55,39 @@ def _info(args: argparse.Namespace) -> int:
     print(f"created    {meta['created_at']} by {meta['created_by']}")
     for key, value in sorted(meta["provenance"].items()):
         print(f"  {key}: {json.dumps(value)}")
+    return 0
+
+
+def _add_ls(sub) -> None:
+    p = sub.add_parser("ls", help="list record ids (key order), a page at a time")
+    p.add_argument("path", nargs="+", help="store directory (several shards are read as one)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many ids first (default: 0)")
+    p.add_argument(
+        "--limit", type=int, default=LS_LIMIT, help=f"ids to list, 0 for all (default: {LS_LIMIT})"
+    )
+    p.add_argument("--json", action="store_true", help='one JSON object: {"total", "offset", "ids"}')
+    p.set_defaults(_action=_ls)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from itertools import islice
+
+    from storage import FeatureReader
+
+    if args.offset < 0 or args.limit < 0:
+        raise ValueError("--offset and --limit must be 0 or more")
+    reader = FeatureReader(args.path)
+    stop = args.offset + args.limit if args.limit else None
+    ids = list(islice(reader.keys(), args.offset, stop))
+    total = len(reader)
+    if args.json:
+        print(json.dumps({"total": total, "offset": args.offset, "ids": ids}))
+        return 0
+    for img_id in ids:
+        print(img_id)
+    shown_to = args.offset + len(ids)
+    if shown_to < total:
+        print(f"# {args.offset + 1}-{shown_to} of {total}; next page: --offset {shown_to}", file=sys.stderr)
     return 0
 
 
@@ -202,7 +238,7 @@ def _show(args: argparse.Namespace) -> int:
 
     reader = FeatureReader(args.path)
     if args.img_id not in reader:
-        raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features info` lists the store")
+        raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features ls` lists its ids")
     rec = reader[args.img_id]
     objects, attributes = None, None
     if args.vocab:

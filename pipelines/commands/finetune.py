@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if run_cfg.task.task != args.task:
             raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
         summary = finetune(run_cfg, out, resume=args.resume)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal finetune: {exc}", file=sys.stderr)
         return 1
     best = summary.get("best")

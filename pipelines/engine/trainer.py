@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -49,6 +49,8 @@ class TrainConfig:
     save_every: int | None = None  # steps between checkpoints; one is always written at the end
     keep_checkpoints: int | None = None  # keep only the newest K step directories
     log_every: int = 10
+    progress: Literal["auto", "bar", "log"] = "auto"  # auto: a bar on a terminal, else plain log lines
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # + mlflow, wandb (when installed)
     eval_every: int | None = None  # steps between validations; None = at each epoch end
     eval_batch_size: int | None = None  # None = the micro-batch size
     seed: int = 0
@@ -120,7 +122,7 @@ class TrainingRun:
         self.micro_batch = cfg.batch_size // (self.world * cfg.grad_accum)
         self.resume = resume
         self.ckpt_root = out_dir / "checkpoints"
-        self.run_log = RunLog(out_dir, enabled=self.is_main)
+        self.run_log = RunLog(out_dir, enabled=self.is_main, trackers=cfg.trackers, progress=cfg.progress)
 
     # ---- setup
     def _build(self) -> None:
@@ -182,8 +184,8 @@ class TrainingRun:
         self._restore()
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.run_log.open(self.step)
             self._write_config()
+            self.run_log.open(self.step, self.total_steps, self._config_dict())
         model = self.model
         if self.distributed:
             model = torch.nn.parallel.DistributedDataParallel(
@@ -208,6 +210,7 @@ class TrainingRun:
                     window.setdefault(k, []).append(v)
                 samples += cfg.batch_size
                 self.step += 1
+                self.run_log.advance(self.step)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     now = time.perf_counter()
                     row = {"step": self.step, "epoch": epoch, "lr": lr}
@@ -365,12 +368,15 @@ class TrainingRun:
     def _log(self, row: dict) -> None:
         self.run_log.log(row)
 
-    def _write_config(self) -> None:
+    def _config_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"train": config_io.to_dict(self.cfg)}
         task_cfg = getattr(self.task, "config", None)
         if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
             data["task"] = config_io.to_dict(task_cfg)
-        config_io.save_yaml(data, self.out_dir / "config.yaml")
+        return data
+
+    def _write_config(self) -> None:
+        config_io.save_yaml(self._config_dict(), self.out_dir / "config.yaml")
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -46,11 +46,31 @@ def iter_images(
         elif root.suffix.lower() in LIST_SUFFIXES and root.is_file():
             yield from _read_list(root, id_from)
         elif root.exists() or root.is_symlink():
+            _check_named_image(root)
             yield ImageInput(_make_id(root, root.parent, id_from), str(root))
         else:
             raise InputError(
                 f"input {str(source)!r} does not exist: give image folders, list files or images"
             )
+
+
+def _check_named_image(path: Path) -> None:
+    """A file named as an input must be an image (header only): a wrong file stops the job before it starts,
+    while bad files inside folders and lists are logged and skipped by the job."""
+    from PIL import Image, UnidentifiedImageError
+
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise InputError(
+            f"input {str(path)!r} is not an image ({', '.join(sorted(IMAGE_SUFFIXES))}), a list file "
+            f"({', '.join(sorted(LIST_SUFFIXES))}) or a folder"
+        )
+    if not path.is_file():
+        raise InputError(f"input {str(path)!r} is not a regular file")
+    try:
+        with Image.open(path):
+            pass
+    except (UnidentifiedImageError, OSError) as exc:
+        raise InputError(f"input {str(path)!r} is not a readable image ({exc})") from exc
 
 
 def unique_ids(sources: Sequence[str | Path], recursive: bool = False, id_from: str = "stem") -> set[str]:

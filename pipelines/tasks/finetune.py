@@ -36,6 +36,9 @@ MODEL_INPUTS = (
 )
 
 
+DEFAULT_PRESET = "base"
+
+
 @dataclass
 class FinetuneConfig:
     """What to fine-tune on and from; `TrainConfig` says how to optimise."""
@@ -48,7 +51,7 @@ class FinetuneConfig:
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
     init: str | None = None  # a pre-training (or any checkpoint) directory; None = random weights
-    preset: str = "base"  # model size when there is no init directory
+    preset: str | None = None  # model size without an init directory (None: base); with one, its config
     model: dict[str, Any] = field(
         default_factory=dict
     )  # model config overrides (dropout, visual_feat_dim...)
@@ -206,11 +209,16 @@ class FinetuneTask:
         cfg = self.config
         config_class = self.family.config_class
         if cfg.init is None:
+            preset = cfg.preset or DEFAULT_PRESET
             log.warning(
-                "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use",
-                cfg.preset,
+                "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use", preset
             )
-            return config_class.preset(cfg.preset, **{"vocab_size": len(self.tokenizer), **cfg.model})
+            return config_class.preset(preset, **{"vocab_size": len(self.tokenizer), **cfg.model})
+        if cfg.preset is not None:
+            raise ValueError(
+                f"task.preset={cfg.preset} sizes a model built from scratch; with --init the model is the "
+                f"one in {cfg.init} (change its fields with task.model.NAME=VALUE)"
+            )
         return config_class.from_dict({**_saved_model_config(Path(cfg.init)), **cfg.model})
 
     # ---- the Task protocol

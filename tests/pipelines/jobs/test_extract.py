@@ -195,6 +195,24 @@ def test_missing_input_and_empty_folder_are_clear_errors(tmp_path):
         unique_ids([tmp_path / "empty"])
 
 
+def test_a_named_file_that_is_not_an_image_is_refused_before_ray_starts(tmp_path, caplog):
+    from pipelines.cli import main
+
+    good = tmp_path / "good.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(good)
+    notes = tmp_path / "notes.pdf"
+    notes.write_text("%PDF-1.4")
+    fake = tmp_path / "fake.jpg"
+    fake.write_text("not a jpeg")
+    for bad, reason in ((notes, "is not an image"), (fake, "is not a readable image")):
+        with pytest.raises(InputError, match=reason):
+            unique_ids([good, bad])
+        out = tmp_path / f"{bad.stem}.lmdb"
+        assert main(["extract", str(good), str(bad), "--out", str(out), "--workers", "1"]) == 1
+        assert str(bad) in caplog.text and not out.exists()
+    assert unique_ids([good]) == {"good"}
+
+
 def test_an_id_longer_than_a_store_key_is_refused_before_any_work_naming_the_file(tmp_path):
     from pipelines.jobs.extract.driver import run_extract
 

@@ -238,6 +238,19 @@ def test_vqa_learns_through_the_cli(problem, tmp_path):
     assert (
         saved["task"]["task"] == "vqa" and saved["train"]["lr"] == 3e-3 and saved["train"]["clip_norm"] == 5.0
     )
+    assert saved["task"]["preset"] is None  # the tiny model came from --init: no "base" claimed for it
+
+
+def test_a_preset_with_init_is_refused(problem):
+    cfg = FinetuneConfig(
+        task="gqa",
+        features=[str(problem["features"])],
+        train_files=[str(problem["gqa_train"])],
+        init=str(problem["init"]),
+        preset="base",
+    )
+    with pytest.raises(ValueError, match="task.preset=base sizes a model built from scratch"):
+        build_task(cfg)
 
 
 @pytest.mark.slow

@@ -333,6 +333,18 @@ def test_bad_json_names_the_file_and_row(data, tmp_path, capsys):
         read_pretrain_json([bad])
 
 
+def test_an_unreachable_vocabulary_stops_before_training(data, tmp_path, capsys, monkeypatch):
+    """Offline, a hub vocab id used to train on a 5-token vocabulary and exit 0."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    argv = _args(data, out)
+    argv[argv.index("--vocab") + 1] = "bert-base-uncasd"
+    assert xmodal(argv) == 1
+    err = capsys.readouterr().err
+    assert "bert-base-uncasd" in err and "--vocab" in err and "xmodal vocab build" in err
+    assert not (out / "checkpoints").exists()
+
+
 def test_missing_images_error_or_skip(data, tmp_path, capsys):
     rows = json.loads(data.train.read_text())[:4]
     rows += [{"img_id": f"ghost{i}", "sentf": {"c": ["a red star"]}} for i in range(7)]
