@@ -21,6 +21,15 @@ from .lxmert import (
     read_huggingface_dir,
 )
 from .pretrained import CONFIG_NAME, Checkpoint
+from .vilbert import (
+    Vilbert,
+    VilbertConfig,
+    VilbertForNLVR2,
+    VilbertForPreTraining,
+    VilbertForQuestionAnswering,
+    VilbertForRetrieval,
+    convert_vilbert,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,18 @@ FAMILIES: dict[str, Family] = {
         },
         convert=convert_lxmert,
         read_foreign=read_huggingface_dir,
+    ),
+    "vilbert": Family(
+        name="vilbert",
+        config_class=VilbertConfig,
+        models={
+            "backbone": Vilbert,
+            "pretraining": VilbertForPreTraining,
+            "qa": VilbertForQuestionAnswering,
+            "nlvr2": VilbertForNLVR2,
+            "retrieval": VilbertForRetrieval,
+        },
+        convert=convert_vilbert,
     ),
 }
 

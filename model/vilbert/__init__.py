@@ -1,29 +1,13 @@
 """ViLBERT: a text BERT and a visual stream joined by co-attention layers (vilbert-multi-task layout)."""
 
 from .config import VilbertConfig
-from .finetuning import (
-    ClassificationOutput,
-    VilbertForNLVR2,
-    VilbertForQuestionAnswering,
-    VilbertForRetrieval,
-)
+from .convert import ConversionReport, convert_vilbert, load_release
+from .finetuning import VilbertForNLVR2, VilbertForQuestionAnswering, VilbertForRetrieval
 from .modeling import Vilbert, VilbertOutput
 from .pretraining import VilbertForPreTraining, VilbertPreTrainingOutput
 
-MODEL_CLASSES = {
-    cls.__name__: cls
-    for cls in (
-        Vilbert,
-        VilbertForPreTraining,
-        VilbertForQuestionAnswering,
-        VilbertForNLVR2,
-        VilbertForRetrieval,
-    )
-}
-
 __all__ = [
-    "MODEL_CLASSES",
-    "ClassificationOutput",
+    "ConversionReport",
     "Vilbert",
     "VilbertConfig",
     "VilbertForNLVR2",
@@ -32,4 +16,6 @@ __all__ = [
     "VilbertForRetrieval",
     "VilbertOutput",
     "VilbertPreTrainingOutput",
+    "convert_vilbert",
+    "load_release",
 ]

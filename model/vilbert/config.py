@@ -4,28 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
-
-_PRESETS: dict[str, dict[str, Any]] = {
-    # vilbert-multi-task's bert_base_6layer_6conect: BERT-base text stream, 6 visual layers of 1024,
-    # co-attention after text layers 5..10 (t_biattention_id 6..11) and before visual layers 0..5.
-    "base": {},
-    # Small enough for unit tests and the demo on a laptop CPU; same placement pattern as base.
-    "tiny": {
-        "hidden_size": 64,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "v_hidden_size": 48,
-        "v_num_attention_heads": 2,
-        "v_intermediate_size": 96,
-        "v_num_hidden_layers": 2,
-        "bi_hidden_size": 32,
-        "bi_num_attention_heads": 2,
-        "v_biattention_id": [0, 1],
-        "t_biattention_id": [2, 3],
-    },
-}
+from typing import Any, ClassVar
 
 FUSION_METHODS = ("mul", "sum")
 
@@ -38,6 +17,28 @@ class VilbertConfig:
     [0, v_biattention_id[k]); the remaining layers of each stream run after the last one.
     """
 
+    # Named configurations for `preset`: field overrides of the defaults below.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # vilbert-multi-task's bert_base_6layer_6conect: BERT-base text stream, 6 visual layers of 1024,
+        # co-attention after text layers 5..10 (t_biattention_id 6..11) and before visual layers 0..5.
+        "base": {},
+        # Small enough for unit tests and the demo on a laptop CPU; same placement pattern as base.
+        "tiny": {
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "v_hidden_size": 48,
+            "v_num_attention_heads": 2,
+            "v_intermediate_size": 96,
+            "v_num_hidden_layers": 2,
+            "bi_hidden_size": 32,
+            "bi_num_attention_heads": 2,
+            "v_biattention_id": [0, 1],
+            "t_biattention_id": [2, 3],
+        },
+    }
+
     vocab_size: int = 30522
     hidden_size: int = 768
     num_attention_heads: int = 12
@@ -45,7 +46,7 @@ class VilbertConfig:
     num_hidden_layers: int = 12
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
-    v_feature_size: int = 2048
+    visual_feat_dim: int = 2048  # the release's v_feature_size
     v_hidden_size: int = 1024
     v_num_attention_heads: int = 8
     v_intermediate_size: int = 1024
@@ -104,9 +105,9 @@ class VilbertConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> VilbertConfig:
         """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in _PRESETS:
-            raise ValueError(f"unknown ViLBERT preset {name!r}; choose one of {sorted(_PRESETS)}")
-        return cls.from_dict({**_PRESETS[name], **overrides})
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown ViLBERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> VilbertConfig:

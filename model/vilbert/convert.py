@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from .config import VilbertConfig
 from .finetuning import VilbertForNLVR2, VilbertForQuestionAnswering, VilbertForRetrieval
@@ -145,6 +146,8 @@ def detect_layout(state: dict[str, torch.Tensor], source: str) -> str:
 def config_from_reference(values: dict[str, Any]) -> dict[str, Any]:
     """VilbertConfig fields from a vilbert-multi-task or volta model config JSON."""
     out = {k: values[k] for k in _REFERENCE_FIELDS if k in values}
+    if "v_feature_size" in out:
+        out["visual_feat_dim"] = out.pop("v_feature_size")
     if "pooling_method" in values and "fusion_method" not in values:
         out["fusion_method"] = values["pooling_method"]
     if "tt_attn_sublayers" in values:  # volta: placement and co-attention sizes live in the sublayer lists
@@ -280,15 +283,32 @@ def convert_vilbert(
     head: str | None = None,
     task_token: int | None = None,
     strict: bool = True,
-) -> ConversionReport:
-    """Convert a released ViLBERT file into an xmodal directory at `out_dir`.
+) -> Path:
+    """Convert a released ViLBERT file into an xmodal directory at `out_dir` (see `load_release`)."""
+    model, report = load_release(
+        src_file, preset=preset, config_file=config_file, head=head, task_token=task_token, strict=strict
+    )
+    log.info(report.summary())
+    return model.save_pretrained(out_dir)
+
+
+def load_release(
+    src_file: str | Path,
+    *,
+    preset: str = "base",
+    config_file: str | Path | None = None,
+    head: str | None = None,
+    task_token: int | None = None,
+    strict: bool = True,
+) -> tuple[nn.Module, ConversionReport]:
+    """A released ViLBERT file as an xmodal model, with the report of every name.
 
     Sizes come from `preset`, overridden by the release's config JSON (`config_file`, e.g.
     bert_base_6layer_6conect.json or volta's vilbert_base.json). `head`: which model to build (one of
     HEADS; default: `vqa` when the file has `vil_prediction`, else `pretraining` with `cls.*`, else
     `backbone`); the answer count is read off the head. `task_token`: the task row to use when the file has
     vilbert-multi-task's task embeddings (VQA is 1 in its task list). Every missing, unexpected or
-    mis-shaped name is reported; unless `strict=False`, any of them stops the conversion before writing.
+    mis-shaped name is reported; unless `strict=False`, any of them stops the conversion (ValueError).
     """
     src = Path(src_file)
     if not src.is_file():
@@ -318,7 +338,7 @@ def convert_vilbert(
         kwargs["num_answers"] = out_layer.shape[0]
     model = cls(cfg, **kwargs)
     own = model.state_dict()
-    prefix = "bert." if model.backbone_prefix else ""
+    prefix = model.base_model_prefix
     report = ConversionReport(str(src), layout, cls.__name__)
     encoder = volta_names(cfg) if layout == "volta" else {}
     loaded: dict[str, torch.Tensor] = {}
@@ -343,6 +363,4 @@ def convert_vilbert(
             raise ValueError(report.summary() + "\nfix the config (config_file=...) or pass strict=False")
         log.warning(report.summary())
     model.load_state_dict(loaded, strict=False)
-    model.save_pretrained(out_dir)
-    log.info(report.summary())
-    return report
+    return model, report

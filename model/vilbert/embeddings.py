@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from model.layers.dropout import Dropout
+
 from .config import VilbertConfig
 
 # The global image token sits at the whole image: (x1, y1, x2, y2, area) = (0, 0, 1, 1, 1).
@@ -26,7 +28,7 @@ class TextEmbeddings(nn.Module):
         if cfg.task_vocab_size:
             self.task_embeddings = nn.Embedding(cfg.task_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
         self.task_token = cfg.task_token
 
     def forward(
@@ -57,10 +59,10 @@ class ImageEmbeddings(nn.Module):
 
     def __init__(self, cfg: VilbertConfig):
         super().__init__()
-        self.image_embeddings = nn.Linear(cfg.v_feature_size, cfg.v_hidden_size)
+        self.image_embeddings = nn.Linear(cfg.visual_feat_dim, cfg.v_hidden_size)
         self.image_location_embeddings = nn.Linear(cfg.num_locs, cfg.v_hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.v_hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.v_hidden_dropout_prob)
+        self.dropout = Dropout(cfg.v_hidden_dropout_prob)
 
     def forward(self, features: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
         x = self.image_embeddings(features) + self.image_location_embeddings(locations)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.layers.dropout import Dropout
+
 from .config import VilbertConfig
 
 Step = tuple[Literal["text", "vision", "co"], int]
@@ -68,7 +70,7 @@ class ResidualOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_dim, hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dropout(self.dense(x)))
@@ -176,10 +178,10 @@ class BiOutput(nn.Module):
         eps = cfg.layer_norm_eps
         self.dense1 = nn.Linear(cfg.bi_hidden_size, cfg.v_hidden_size)
         self.LayerNorm1 = nn.LayerNorm(cfg.v_hidden_size, eps=eps)
-        self.dropout1 = nn.Dropout(cfg.v_hidden_dropout_prob)
+        self.dropout1 = Dropout(cfg.v_hidden_dropout_prob)
         self.dense2 = nn.Linear(cfg.bi_hidden_size, cfg.hidden_size)
         self.LayerNorm2 = nn.LayerNorm(cfg.hidden_size, eps=eps)
-        self.dropout2 = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout2 = Dropout(cfg.hidden_dropout_prob)
 
     def forward(
         self, vision_ctx: torch.Tensor, vision: torch.Tensor, text_ctx: torch.Tensor, text: torch.Tensor

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import VilbertPretrained
+from model.layers.dropout import Dropout
+from model.layers.init import init_weights
+from model.outputs import ClassificationOutput
+from model.pretrained import PretrainedMixin
+
 from .config import VilbertConfig
 from .heads import SimpleClassifier
-from .modeling import Vilbert, VilbertOutput, init_weights
-
-
-@dataclass
-class ClassificationOutput:
-    """`region_attention`: the [CLS] token's weights over the regions in the last co-attention layer
-    (mean over heads, the global token left out): (B, N), or (B, K, N) for K images per example."""
-
-    logits: torch.Tensor
-    loss: torch.Tensor | None = None
-    attentions: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
-    region_attention: torch.Tensor | None = None
+from .modeling import Vilbert, VilbertOutput
 
 
 def cls_region_attention(out: VilbertOutput) -> torch.Tensor | None:
@@ -33,16 +24,17 @@ def cls_region_attention(out: VilbertOutput) -> torch.Tensor | None:
     return text_to_vision[:, :, 0, 1:].mean(dim=1)
 
 
-class _Head(VilbertPretrained, nn.Module):
+class _Head(PretrainedMixin, nn.Module):
     """Backbone under `bert`, dropout on the fused pooled output (the release's `dropout`), one head."""
 
-    backbone_prefix = "bert."
+    config_class = VilbertConfig
+    base_model_prefix = "bert."
 
     def __init__(self, cfg: VilbertConfig):
         super().__init__()
         self.config = cfg
         self.bert = Vilbert(cfg)
-        self.dropout = nn.Dropout(cfg.classifier_dropout_prob)
+        self.dropout = Dropout(cfg.classifier_dropout_prob)
 
     def _init_heads(self, *heads: nn.Module) -> None:
         for head in heads:
@@ -169,8 +161,10 @@ class VilbertForNLVR2(_Head):
 
 
 class VilbertForRetrieval(_Head):
-    """One caption against K images: `vil_logit` Linear(bi, 1) scores each pair; cross-entropy over the
-    K candidates (the release trains 1 positive + 3 negatives)."""
+    """Caption-image matching scores from `vil_logit` Linear(bi, 1). With K candidate images per caption,
+    visual inputs (B, K, N, ·), logits (B, K) and labels (B,) the true image's index: cross-entropy over the
+    candidates (the release trains 1 positive + 3 negatives). With one image per caption, visual inputs
+    (B, N, ·), logits (B, 1) and labels (B,) 1 = match: binary cross-entropy."""
 
     def __init__(self, cfg: VilbertConfig):
         super().__init__(cfg)
@@ -188,17 +182,15 @@ class VilbertForRetrieval(_Head):
         output_attentions: bool = False,
         labels: torch.Tensor | None = None,
     ) -> ClassificationOutput:
-        """Text (B, L); visual_feats (B, K, N, D) ...; logits (B, K); labels (B,) index of the true image."""
-        out, k = self._per_image(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            visual_feats,
-            visual_pos,
-            visual_attention_mask,
-            output_attentions,
-            "retrieval",
-        )
+        visual = (input_ids, attention_mask, token_type_ids, visual_feats, visual_pos, visual_attention_mask)
+        if visual_feats is not None and visual_feats.dim() == 3:
+            out = self.bert(*visual, output_attentions)
+            logits = self.vil_logit(self.dropout(out.pooled_output))
+            loss = None
+            if labels is not None:
+                loss = F.binary_cross_entropy_with_logits(logits[:, 0], labels.to(logits.dtype))
+            return ClassificationOutput(logits, loss, out.co_attentions, cls_region_attention(out))
+        out, k = self._per_image(*visual, output_attentions, "retrieval")
         logits = self.vil_logit(self.dropout(out.pooled_output)).view(-1, k)
         loss = F.cross_entropy(logits, labels) if labels is not None else None
         return ClassificationOutput(logits, loss, out.co_attentions, _unflatten(cls_region_attention(out), k))

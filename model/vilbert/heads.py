@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.layers.dropout import Dropout
+
 from .config import VilbertConfig
 
 
@@ -72,4 +74,4 @@ class PreTrainingHeads(nn.Module):
         self.predictions = LMPredictionHead(cfg)
         self.bi_seq_relationship = nn.Linear(cfg.bi_hidden_size, 2)
         self.imagePredictions = ImagePredictionHead(cfg)
-        self.dropout = nn.Dropout(cfg.classifier_dropout_prob)
+        self.dropout = Dropout(cfg.classifier_dropout_prob)

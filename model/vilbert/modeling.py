@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .checkpoint import VilbertPretrained
+from model.layers.init import init_weights
+from model.pretrained import PretrainedMixin
+
 from .config import VilbertConfig
 from .embeddings import ImageEmbeddings, TextEmbeddings, with_global_region
 from .encoder import Encoder
@@ -28,19 +30,6 @@ class VilbertOutput:
     co_attentions: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
 
-def init_weights(module: nn.Module, std: float) -> None:
-    """BERT initialisation: normal(0, std) weights, zero biases, unit LayerNorm."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, 0.0, std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, 0.0, std)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-
-
 def _without_task_token(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Drops text position 1 (the task token) along `dim`."""
     return torch.cat([x.narrow(dim, 0, 1), x.narrow(dim, 2, x.shape[dim] - 2)], dim=dim)
@@ -57,10 +46,11 @@ class Pooler(nn.Module):
         return torch.relu(self.dense(sequence[:, 0]))
 
 
-class Vilbert(VilbertPretrained, nn.Module):
+class Vilbert(PretrainedMixin, nn.Module):
     """The ViLBERT backbone (vilbert-multi-task's `BertModel`, saved under `bert.` by the head classes)."""
 
-    backbone_prefix = ""
+    config_class = VilbertConfig
+    base_model_prefix = ""
 
     def __init__(self, cfg: VilbertConfig):
         super().__init__()
@@ -128,10 +118,10 @@ class Vilbert(VilbertPretrained, nn.Module):
         cfg = self.config
         if visual_feats is None or visual_pos is None:
             raise ValueError("ViLBERT needs visual_feats (B, N, D) and visual_pos (B, N, 4)")
-        if visual_feats.shape[-1] != cfg.v_feature_size or visual_pos.shape[-1] != 4:
+        if visual_feats.shape[-1] != cfg.visual_feat_dim or visual_pos.shape[-1] != 4:
             raise ValueError(
                 f"visual_feats {tuple(visual_feats.shape)} / visual_pos {tuple(visual_pos.shape)} do not end "
-                f"in v_feature_size={cfg.v_feature_size} / 4 (normalised x1, y1, x2, y2)"
+                f"in visual_feat_dim={cfg.visual_feat_dim} / 4 (normalised x1, y1, x2, y2)"
             )
         if visual_feats.shape[:2] != visual_pos.shape[:2] or visual_feats.shape[0] != input_ids.shape[0]:
             raise ValueError(

@@ -8,10 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import VilbertPretrained
+from model.layers.init import init_weights
+from model.pretrained import PretrainedMixin
+
 from .config import VilbertConfig
 from .heads import PreTrainingHeads
-from .modeling import Vilbert, init_weights
+from .modeling import Vilbert
 
 
 @dataclass
@@ -32,10 +34,11 @@ class VilbertPreTrainingOutput:
     co_attentions: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
 
-class VilbertForPreTraining(VilbertPretrained, nn.Module):
+class VilbertForPreTraining(PretrainedMixin, nn.Module):
     """The backbone (`bert`) with the release's pre-training heads (`cls`)."""
 
-    backbone_prefix = "bert."
+    config_class = VilbertConfig
+    base_model_prefix = "bert."
 
     def __init__(self, cfg: VilbertConfig):
         super().__init__()

@@ -54,7 +54,7 @@ def masked_tokens(inputs: dict, vocab: int, g: torch.Generator) -> torch.Tensor:
 
 def vilbert_batch(cfg: VilbertConfig, batch: int) -> dict:
     g = torch.Generator().manual_seed(0)
-    inputs = shared_inputs(batch, cfg.vocab_size, cfg.v_feature_size, g)
+    inputs = shared_inputs(batch, cfg.vocab_size, cfg.visual_feat_dim, g)
     return {
         **inputs,
         "lm_labels": masked_tokens(inputs, cfg.vocab_size, g),

@@ -16,7 +16,7 @@ SMALL = {
     "num_attention_heads": 3,
     "intermediate_size": 40,
     "num_hidden_layers": 3,
-    "v_feature_size": 20,
+    "visual_feat_dim": 20,
     "v_hidden_size": 16,
     "v_num_attention_heads": 2,
     "v_intermediate_size": 28,
@@ -46,7 +46,7 @@ def make_inputs(cfg: VilbertConfig, batch: int = 3, tokens: int = 7, boxes: int 
         "input_ids": torch.randint(1, cfg.vocab_size, (batch, tokens), generator=g),
         "attention_mask": attention_mask,
         "token_type_ids": torch.randint(0, 2, (batch, tokens), generator=g),
-        "visual_feats": torch.randn(batch, boxes, cfg.v_feature_size, generator=g),
+        "visual_feats": torch.randn(batch, boxes, cfg.visual_feat_dim, generator=g),
         "visual_pos": torch.cat([xy, xy + wh], dim=-1),
         "visual_attention_mask": visual_attention_mask,
     }

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from model.vilbert import Vilbert, VilbertConfig, VilbertForPreTraining, VilbertForQuestionAnswering
-from model.vilbert.convert import config_from_reference, convert_vilbert
+from model.vilbert.convert import ConversionReport, config_from_reference, convert_vilbert, load_release
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -27,7 +27,7 @@ def _embeddings_and_poolers(keys: Shapes, cfg: VilbertConfig) -> None:
     keys["bert.embeddings.position_embeddings.weight"] = (cfg.max_position_embeddings, h)
     keys["bert.embeddings.token_type_embeddings.weight"] = (cfg.type_vocab_size, h)
     _ln(keys, "bert.embeddings.LayerNorm", h)
-    _lin(keys, "bert.v_embeddings.image_embeddings", cfg.v_feature_size, v)
+    _lin(keys, "bert.v_embeddings.image_embeddings", cfg.visual_feat_dim, v)
     _lin(keys, "bert.v_embeddings.image_location_embeddings", 5, v)
     _ln(keys, "bert.v_embeddings.LayerNorm", v)
     _lin(keys, "bert.t_pooler.dense", h, b)
@@ -105,7 +105,7 @@ def volta_config(cfg: VilbertConfig) -> dict:
         "num_attention_heads": cfg.num_attention_heads,
         "intermediate_size": cfg.intermediate_size,
         "vocab_size": cfg.vocab_size,
-        "v_feature_size": cfg.v_feature_size,
+        "v_feature_size": cfg.visual_feat_dim,
         "v_hidden_size": cfg.v_hidden_size,
         "v_num_attention_heads": cfg.v_num_attention_heads,
         "v_intermediate_size": cfg.v_intermediate_size,
@@ -163,6 +163,13 @@ def write(path, shapes: Shapes, prefix: str = "") -> dict[str, torch.Tensor]:
     return state
 
 
+def _convert(src, dst, **kwargs) -> ConversionReport:
+    """The report of `load_release`, and the directory `convert_vilbert` writes."""
+    _, report = load_release(src, **kwargs)
+    assert convert_vilbert(src, dst, **kwargs) == dst
+    return report
+
+
 @pytest.fixture
 def cfg(vb):
     return vb.small_config()
@@ -171,7 +178,7 @@ def cfg(vb):
 def test_pretrained_model_bin_converts_every_name(cfg, tmp_path):
     shapes = release_keys(cfg, multi_task=False)
     state = write(tmp_path / "pretrained_model.bin", shapes)
-    report = convert_vilbert(
+    report = _convert(
         tmp_path / "pretrained_model.bin",
         tmp_path / "out",
         preset="tiny",
@@ -193,6 +200,7 @@ def test_pretrained_model_bin_converts_every_name(cfg, tmp_path):
 def _small_json(cfg: VilbertConfig, tmp_path) -> str:
     """The small config written as vilbert-multi-task's JSON (its own keys, plus ones we ignore)."""
     values = {k: v for k, v in cfg.to_dict().items() if not k.startswith(("task", "classifier", "fusion"))}
+    values["v_feature_size"] = values.pop("visual_feat_dim")
     values |= {
         "hidden_act": "gelu",
         "bi_intermediate_size": 7,
@@ -207,7 +215,7 @@ def _small_json(cfg: VilbertConfig, tmp_path) -> str:
 def test_multi_task_model_bin_with_the_gqa_head_and_task_token(cfg, tmp_path):
     shapes = release_keys(cfg, multi_task=True)
     state = write(tmp_path / "multi_task_model.bin", shapes, prefix="module.")
-    report = convert_vilbert(
+    report = _convert(
         tmp_path / "multi_task_model.bin",
         tmp_path / "out",
         config_file=_small_json(cfg, tmp_path),
@@ -234,11 +242,11 @@ def test_multi_task_model_bin_with_the_gqa_head_and_task_token(cfg, tmp_path):
         own["bert.embeddings.task_embeddings.weight"], state["bert.embeddings.task_embeddings.weight"]
     )
     # The default head of a multi-task file is VQA's.
-    vqa = convert_vilbert(
+    vqa = _convert(
         tmp_path / "multi_task_model.bin", tmp_path / "vqa", config_file=_small_json(cfg, tmp_path)
     )
     assert vqa.ok and VilbertForQuestionAnswering.from_pretrained(tmp_path / "vqa").num_answers == 9
-    backbone = convert_vilbert(
+    backbone = _convert(
         tmp_path / "multi_task_model.bin",
         tmp_path / "bb",
         config_file=_small_json(cfg, tmp_path),
@@ -256,7 +264,7 @@ def test_volta_sublayers_map_onto_layers_and_co_attention(vb, tmp_path):
     (tmp_path / "vilbert_base.json").write_text(json.dumps(vc))
     shapes = volta_keys(cfg, vc)
     state = write(tmp_path / "volta.bin", shapes)
-    report = convert_vilbert(
+    report = _convert(
         tmp_path / "volta.bin", tmp_path / "out", preset="tiny", config_file=tmp_path / "vilbert_base.json"
     )
     assert report.ok and report.layout == "volta", report.summary()
@@ -298,7 +306,7 @@ def test_released_configs_give_the_base_preset():
         "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
         "max_position_embeddings": 512,
         "num_attention_heads": 12, "num_hidden_layers": 12, "type_vocab_size": 2, "vocab_size": 30522,
-        "v_feature_size": 2048, "v_target_size": 1601, "v_hidden_size": 1024, "v_num_hidden_layers": 6,
+        "visual_feat_dim": 2048, "v_target_size": 1601, "v_hidden_size": 1024, "v_num_hidden_layers": 6,
         "v_num_attention_heads": 8, "v_intermediate_size": 1024, "bi_hidden_size": 1024,
         "bi_num_attention_heads": 8, "bi_intermediate_size": 1024, "bi_attention_type": 1,
         "v_attention_probs_dropout_prob": 0.1, "v_hidden_act": "gelu", "v_hidden_dropout_prob": 0.1,
@@ -334,7 +342,7 @@ def test_every_problem_is_reported_and_strict_refuses(cfg, tmp_path):
     for name in ("layer.0.output.dense.bias", "biattention.logit1.weight", "cls.bi_seq_relationship.weight"):
         assert name in message
     assert not (tmp_path / "out").exists()
-    report = convert_vilbert(tmp_path / "bad.bin", tmp_path / "out", config_file=config, strict=False)
+    report = _convert(tmp_path / "bad.bin", tmp_path / "out", config_file=config, strict=False)
     assert report.missing == ["bert.encoder.layer.0.output.dense.bias", "cls.bi_seq_relationship.weight"]
     assert report.unexpected == ["bert.encoder.c_layer.0.biattention.logit1.weight"]
     assert report.mis_shaped == [

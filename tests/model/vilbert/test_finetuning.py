@@ -102,5 +102,5 @@ def test_loading_refuses_another_config(vb, tmp_path):
     VilbertForPreTraining(cfg).save_pretrained(tmp_path / "pre")
     with pytest.raises(ValueError, match="shapes differ"):
         Vilbert.from_pretrained(tmp_path / "pre", v_num_hidden_layers=2, v_intermediate_size=30)
-    with pytest.raises(FileNotFoundError, match="convert"):
+    with pytest.raises(FileNotFoundError, match="save_pretrained"):
         Vilbert.from_pretrained(tmp_path / "nothing")

@@ -73,7 +73,7 @@ def test_bad_inputs_are_refused_in_one_line(setup):
     cfg, model, inputs = setup
     with pytest.raises(ValueError, match="needs visual_feats"):
         model(inputs["input_ids"])
-    with pytest.raises(ValueError, match="v_feature_size"):
+    with pytest.raises(ValueError, match="visual_feat_dim"):
         model(**{**inputs, "visual_feats": inputs["visual_feats"][..., :-1]})
     left = inputs["attention_mask"].clone()
     left[0, 0] = 0
