@@ -98,17 +98,16 @@ class ConversionReport:
         return not (self.unexpected or self.missing or self.mis_shaped)
 
     def summary(self) -> str:
-        lines = [
-            f"{self.source} ({self.layout}) -> {self.architecture}: {len(self.converted)} weights converted, "
-            f"{len(self.dropped)} dropped"
-        ]
-        for title, names in (
+        """One line of counts, then one line per kind of problem naming every weight."""
+        problems = (
             ("unexpected (not understood)", self.unexpected),
             ("missing (left freshly initialised)", self.missing),
             ("of another shape", self.mis_shaped),
-        ):
-            if names:
-                lines.append(f"  {len(names)} {title}: {', '.join(names)}")
+        )
+        counts = [f"{len(self.converted)} weights converted", f"{len(self.dropped)} dropped"]
+        counts += [f"{len(names)} {title.split(' (')[0]}" for title, names in problems if names]
+        lines = [f"{self.source} ({self.layout}) -> {self.architecture}: {', '.join(counts)}"]
+        lines += [f"  {len(names)} {title}: {', '.join(names)}" for title, names in problems if names]
         return "\n".join(lines)
 
 
