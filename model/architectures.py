@@ -17,6 +17,7 @@ from .lxmert import (
     LxmertForNLVR2,
     LxmertForPreTraining,
     LxmertForQuestionAnswering,
+    LxmertForRetrieval,
     convert_lxmert,
     read_huggingface_dir,
 )
@@ -56,6 +57,7 @@ FAMILIES: dict[str, Family] = {
             "pretraining": LxmertForPreTraining,
             "qa": LxmertForQuestionAnswering,
             "nlvr2": LxmertForNLVR2,
+            "retrieval": LxmertForRetrieval,
         },
         convert=convert_lxmert,
         read_foreign=read_huggingface_dir,
