@@ -19,6 +19,16 @@ from pipelines.data.text import EncodedTexts, pad_text
 CANDIDATES = 4
 
 
+def pair_key(caption_id: str, img_id: str) -> str:
+    """The prediction key of a caption-image pair (a string: batches carry ids through device moves)."""
+    return f"{caption_id}\t{img_id}"
+
+
+def split_pair_key(key: str) -> tuple[str, str]:
+    caption_id, img_id = key.split("\t", 1)
+    return caption_id, img_id
+
+
 @dataclass(frozen=True)
 class RetrievalExample:
     """One caption; `label` is the id of the image it describes (None when unknown)."""
@@ -125,7 +135,7 @@ class PairDataset(Dataset):
         ex, img_id = self.examples[caption], self.gallery[image]
         feats, boxes = region_arrays(self.features[img_id])
         item = {
-            "id": (ex.caption_id, img_id),
+            "id": pair_key(ex.caption_id, img_id),
             "input_ids": self.texts[caption],
             "feats": feats,
             "boxes": boxes,

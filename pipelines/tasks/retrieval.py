@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,8 @@ from pipelines.data.retrieval import (
     collate_candidates,
     collate_pairs,
     load_retrieval_examples,
+    pair_key,
+    split_pair_key,
 )
 from pipelines.tasks.finetune import FinetuneTask
 
@@ -25,10 +27,10 @@ RECALL_AT = (1, 5, 10)
 
 
 def recall_at_k(
-    predictions: Mapping[Hashable, float], examples: Sequence, ks: Sequence[int] = RECALL_AT
+    predictions: Mapping[str, float], examples: Sequence, ks: Sequence[int] = RECALL_AT
 ) -> dict[str, float]:
     """`R@k` (in %): the share of captions whose own image is among the k best scored of the split's
-    images. `predictions` maps (caption id, image id) to a score; ties count against the caption."""
+    images. `predictions` maps `pair_key(caption id, image id)` to a score; ties count against the caption."""
     if not examples:
         raise ValueError("no captions to score")
     gallery = list(dict.fromkeys(e.img_id for e in examples))
@@ -38,24 +40,24 @@ def recall_at_k(
             raise ValueError(f"caption {ex.caption_id!r} has no label; cannot score")
         scores = []
         for img in gallery:
-            if (ex.caption_id, img) not in predictions:
+            key = pair_key(ex.caption_id, img)
+            if key not in predictions:
                 raise ValueError(
                     f"caption {ex.caption_id!r} has no score for image {img!r}; predict every pair"
                 )
-            scores.append(predictions[(ex.caption_id, img)])
-        own = predictions[(ex.caption_id, ex.label)]
+            scores.append(predictions[key])
+        own = predictions[pair_key(ex.caption_id, ex.label)]
         rank = sum(s >= own for s in scores)  # 1 when no other image scores as high
         for k in ks:
             hits[k] += rank <= k
     return {f"R@{k}": 100.0 * hits[k] / len(examples) for k in ks}
 
 
-def write_rankings(
-    path: str | Path, predictions: Mapping[Hashable, float], top: int = max(RECALL_AT)
-) -> Path:
+def write_rankings(path: str | Path, predictions: Mapping[str, float], top: int = max(RECALL_AT)) -> Path:
     """JSON list of `{"caption_id": str, "images": [the `top` best image ids, best first]}`."""
     by_caption: dict[str, list[tuple[float, str]]] = defaultdict(list)
-    for (caption, img), score in predictions.items():
+    for key, score in predictions.items():
+        caption, img = split_pair_key(key)
         by_caption[caption].append((score, img))
     rows = [
         {"caption_id": caption, "images": [img for _, img in sorted(pairs, key=lambda p: -p[0])[:top]]}
@@ -96,6 +98,6 @@ class RetrievalTask(FinetuneTask):
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         pad = self.tokenizer.pad_token_id
-        if isinstance(items[0]["id"], tuple):  # validation pairs
-            return collate_pairs(items, pad)
-        return collate_candidates(items, pad, rng)
+        if "img_id" in items[0]:  # training captions, each with its own image
+            return collate_candidates(items, pad, rng)
+        return collate_pairs(items, pad)
