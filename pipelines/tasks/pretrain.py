@@ -144,7 +144,7 @@ class PretrainTask:
         masking = _masking_for(self.family.models["pretraining"], cfg.masking)
         if masking.regions and self.features[train[0].img_id].class_probs is None:
             log.info(
-                "%s holds no per-region class distribution (extract --store-class-probs): masked regions "
+                "%s holds no per-region class distribution (RegionFeatures.class_probs): masked regions "
                 "are trained on the top class weighted by its confidence",
                 ", ".join(cfg.features),
             )
