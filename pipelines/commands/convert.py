@@ -1,4 +1,4 @@
-"""`xmodal convert detector|lxmert`: bring released checkpoints into xmodal's safetensors layout."""
+"""`xmodal convert detector|lxmert|vilbert`: bring released checkpoints into xmodal's safetensors layout."""
 
 from __future__ import annotations
 
@@ -50,6 +50,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "VQA BEST.pth): checked against the head's rows and written as DST/ans2label.json, from which "
         "`xmodal finetune --init DST` seeds its answer head",
     )
+    vb = sub.add_parser("vilbert", help="vilbert-multi-task / volta ViLBERT file -> xmodal directory")
+    vb.add_argument("src", help="pretrained_model.bin, multi_task_model.bin or a volta checkpoint")
+    vb.add_argument("dst", help="output directory")
+    vb.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the release's model config (bert_base_6layer_6conect.json, volta's vilbert_base.json); "
+        "default: the base preset",
+    )
+    vb.add_argument("--preset", default="base", help="sizes to start from before --config (default: base)")
+    vb.add_argument(
+        "--head",
+        help="model to build: backbone, pretraining, vqa, gqa (vil_prediction_gqa), nlvr2 or retrieval "
+        "(default: vqa with vil_prediction in the file, else pretraining, else backbone)",
+    )
+    vb.add_argument(
+        "--task-token", type=int, help="task row of multi_task_model.bin's task embeddings (VQA: 1)"
+    )
+    vb.add_argument(
+        "--no-strict", dest="strict", action="store_false", help="write even with missing/unexpected names"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             from extraction.weights import convert_detector_checkpoint
 
             convert_detector_checkpoint(args.src, args.dst, strict=args.strict, preset=args.preset)
+        elif args.kind == "vilbert":
+            _convert_vilbert(args)
         else:
             _convert_lxmert(args)
     except (ValueError, OSError, SafetensorError) as exc:
@@ -114,6 +137,21 @@ def _finish_hf_directory(dst: Path, tokenizer, table) -> None:
         config["id2label"] = {str(i): a for i, a in enumerate(table.answers)}
         config["label2id"] = {a: i for i, a in enumerate(table.answers)}
         (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _convert_vilbert(args: argparse.Namespace) -> None:
+    from model.vilbert import load_release
+
+    model, report = load_release(
+        args.src,
+        preset=args.preset,
+        config_file=args.config,
+        head=args.head,
+        task_token=args.task_token,
+        strict=args.strict,
+    )
+    dst = model.save_pretrained(args.dst)
+    print(f"{dst}: converted\n{report.summary()}")
 
 
 def _one_line(exc: BaseException, src: str) -> str:

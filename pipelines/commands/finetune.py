@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", choices=finetuning_tasks(), help="which fine-tuning task")
     add_run_arguments(parser, "files")
     parser.add_argument(
-        "--arch", choices=sorted(FAMILIES), help="model family without --init (default: task.arch)"
+        "--arch",
+        choices=sorted(FAMILIES),
+        help="model family (default: the --init directory's, else task.arch, else lxmert)",
     )
     parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
     parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")

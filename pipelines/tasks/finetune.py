@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from model import CONFIG_NAME, FORMAT, get_family, read_checkpoint
+from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, read_config
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.examples import Example, check_images
 from pipelines.data.text import load_tokenizer, save_tokenizer
@@ -44,9 +44,8 @@ class FinetuneConfig:
     """What to fine-tune on and from; `TrainConfig` says how to optimise."""
 
     task: str = "vqa"  # a fine-tuning task of pipelines.tasks.TASKS
-    arch: str = (
-        DEFAULT_ARCH  # the model family (model.architectures.FAMILIES) when there is no init directory
-    )
+    # the model family (model.architectures.FAMILIES); None = the init directory's, else DEFAULT_ARCH
+    arch: str | None = None
     features: list[str] = field(default_factory=list)
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
@@ -93,7 +92,7 @@ class FinetuneTask:
         if not cfg.train_files:
             raise ValueError("no training file given: pass --train train.json")
         self.config = cfg
-        self.family = get_family(cfg.arch)
+        self.family = _family(cfg)
         self.features = FeatureReader(cfg.features)
         self.train_examples = self._load(cfg.train_files, "training data")
         self.valid_examples = self._load(cfg.valid_files, "validation data") if cfg.valid_files else []
@@ -281,7 +280,7 @@ class FinetuneTask:
             self.answers.save(directory / ANSWERS_FILE)
         settings = {
             "task": self.name,
-            "arch": self.config.arch,
+            "arch": self.family.name,
             "max_length": self.config.max_length,
             "answers": ANSWERS_FILE if self.answers is not None else None,
             "init": self.config.init,
@@ -290,6 +289,20 @@ class FinetuneTask:
             "detector": self.features.meta.get("provenance", {}),
         }
         (directory / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _family(cfg: FinetuneConfig):
+    """The model family: the init directory's (a different `arch` is refused), else `arch`."""
+    if cfg.init is None:
+        return get_family(cfg.arch or DEFAULT_ARCH)
+    architecture = read_config(cfg.init)[0]
+    family = family_of(architecture)
+    if cfg.arch is not None and cfg.arch != family.name:
+        raise ValueError(
+            f"--init {cfg.init} holds a {family.name} model ({architecture}), not {cfg.arch}; "
+            "drop --arch or pick an init directory of that family"
+        )
+    return family
 
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:

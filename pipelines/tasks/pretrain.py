@@ -1,8 +1,10 @@
-"""Pre-training as a trainer Task: the five LXMERT tasks over the feature store, the release's defaults."""
+"""Pre-training as a trainer Task over the feature store: the objectives the family's pre-training model
+takes (LXMERT's five, ViLBERT's three)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -44,7 +46,21 @@ MODEL_INPUTS = (
     "feat_targets",
     "feat_weights",
     "answer_labels",
+    "region_mask",
+    "region_probs",
+    "region_labels",
+    "region_weights",
 )
+# masking switch -> the label the pre-training model must take for it to be on
+OBJECTIVE_LABELS = {
+    "mlm": "lm_labels",
+    "matched": "matched_labels",
+    "obj": "obj_labels",
+    "attr": "attr_labels",
+    "feat": "feat_targets",
+    "qa": "answer_labels",
+    "regions": "region_mask",
+}
 
 
 @dataclass
@@ -58,7 +74,7 @@ class PretrainConfig:
     arch: str = "lxmert"  # the model family (model.architectures.FAMILIES)
     vocab: str = "bert-base-uncased"  # a vocab.txt, a directory holding one, or a hub id
     preset: str = "base"
-    model: dict[str, Any] = field(default_factory=dict)  # LxmertConfig overrides, e.g. {hidden_size: 256}
+    model: dict[str, Any] = field(default_factory=dict)  # model config overrides, e.g. {hidden_size: 256}
     answers: str | None = None  # an ans2label/label2ans JSON to load instead of building the table
     answer_min_count: int = 1
     max_answers: int | None = 9500  # the release's QA head size; most frequent answers first
@@ -66,6 +82,19 @@ class PretrainConfig:
     # the release runs QA from the start (0); the paper adds it at epoch 10 of 20
     qa_from_epoch: int = 0
     qa_weight: float = 1.0
+
+
+def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
+    """`masking` with the objectives the pre-training model takes no labels for switched off, and the
+    model's own region-masking rule (`REGION_MASKING` = shares zeroed / swapped) where none is given."""
+    accepted = set(inspect.signature(pretraining.forward).parameters)
+    changes: dict[str, Any] = {n: False for n, label in OBJECTIVE_LABELS.items() if label not in accepted}
+    if any(getattr(masking, name) for name in changes):
+        log.info("%s takes no labels for %s: switched off", pretraining.__name__, ", ".join(sorted(changes)))
+    zero, swap = getattr(pretraining, "REGION_MASKING", (None, None))
+    if masking.object_zero is None and masking.object_swap is None:
+        changes |= {"object_zero": zero, "object_swap": swap}
+    return dataclasses.replace(masking, **changes)
 
 
 def default_train_config() -> TrainConfig:
@@ -118,7 +147,14 @@ class PretrainTask:
                 answers = AnswerTable.build(labels, cfg.answer_min_count, cfg.max_answers)
         self.answers = answers
         self.train_examples, self.valid_examples = train, valid
-        masking = cfg.masking
+        self.family = get_family(cfg.arch)
+        masking = _masking_for(self.family.models["pretraining"], cfg.masking)
+        if masking.regions and self.features[train[0].img_id].class_probs is None:
+            log.info(
+                "%s holds no per-region class distribution (RegionFeatures.class_probs): masked regions "
+                "are trained on the top class weighted by its confidence",
+                ", ".join(cfg.features),
+            )
         if masking.qa and len(answers) == 0:
             log.warning("no answer in the training labels: image QA is switched off")
             masking = dataclasses.replace(masking, qa=False)
@@ -136,13 +172,11 @@ class PretrainTask:
 
     # ---- Task protocol
     def build_model(self) -> torch.nn.Module:
-        overrides = {
-            "vocab_size": len(self.tokenizer),
-            "visual_feat_dim": self.features.feature_dim,
-            "num_qa_labels": max(1, len(self.answers)),
-            **self.config.model,
-        }
-        family = get_family(self.config.arch)
+        family = self.family
+        overrides = {"vocab_size": len(self.tokenizer), "visual_feat_dim": self.features.feature_dim}
+        if "num_qa_labels" in {f.name for f in dataclasses.fields(family.config_class)}:
+            overrides["num_qa_labels"] = max(1, len(self.answers))
+        overrides |= self.config.model
         return family.models["pretraining"](family.config_class.preset(self.config.preset, **overrides))
 
     def train_dataset(self) -> PretrainDataset:
