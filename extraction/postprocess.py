@@ -78,6 +78,7 @@ def to_record(
         objects_conf=_numpy(chosen.scores, np.float32),
         attrs_id=_numpy(attrs_id, np.int64),
         attrs_conf=_numpy(attrs_conf, np.float32),
+        class_probs=_numpy(decoded.probs[chosen.index], np.float32) if selection.class_probs else None,
     )
 
 

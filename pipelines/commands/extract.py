@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     det.add_argument("--min-size", type=int, help="input shortest side (default: the preset's, 600)")
     det.add_argument("--max-size", type=int, help="input longest side cap (default: the preset's, 1000)")
     det.add_argument(
+        "--store-class-probs",
+        action="store_true",
+        default=None,
+        help="also store each region's distribution over the detector's classes (1601 float16 values; "
+        "ViLBERT's and VL-BERT's masked-region targets); same as --set class_probs=true",
+    )
+    det.add_argument(
         "--set",
         dest="detector_overrides",
         action="append",
@@ -141,9 +148,8 @@ def resolve_extract_config(args: argparse.Namespace):
     }
     cfg = config_io.merge(cfg, {k: v for k, v in flags.items() if v is not None}, where="command line")
     detector = _parse_overrides(args.detector_overrides)
-    detector.update(
-        {k: v for k, v in (("min_size", args.min_size), ("max_size", args.max_size)) if v is not None}
-    )
+    flagged = {"min_size": args.min_size, "max_size": args.max_size, "class_probs": args.store_class_probs}
+    detector.update({k: v for k, v in flagged.items() if v is not None})
     if detector:
         cfg = config_io.merge(cfg, {"overrides": {**cfg.overrides, **detector}}, where="command line")
     return config_io.apply_overrides(cfg, overrides)
@@ -216,6 +222,8 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--set", item]
     if args.recursive:
         argv.append("--recursive")
+    if args.store_class_probs:
+        argv.append("--store-class-probs")
     if args.progress is False:
         argv.append("--no-progress")
     return [*argv, *args.overrides]

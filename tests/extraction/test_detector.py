@@ -148,3 +148,21 @@ def test_real_preset_size(make_image):
     assert 2 <= rec.num_boxes <= 6
     assert set(timings) == {"preprocess", "backbone", "rpn", "roi_head", "selection"}
     assert rec.boxes[:, 2].max() > 96  # boxes come back in original pixels, beyond the small test size
+
+
+def test_class_probs_are_stored_when_asked(small_detector, reselect, make_image, tmp_path):
+    """`class_probs=True` (`xmodal extract --store-class-probs`): each region's distribution over every
+    class, background last, goes into the store and comes back (float16)."""
+    from storage import FeatureReader, FeatureWriter
+
+    det = reselect(small_detector, class_probs=True)
+    rec = det.detect([make_image(3, 40, 56)], ids=["x"])[0]
+    classes = det.model.roi_heads.box_predictor.cls_score.out_features
+    assert rec.class_probs.shape == (rec.num_boxes, classes)
+    np.testing.assert_allclose(rec.class_probs.sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(rec.class_probs[np.arange(rec.num_boxes), rec.objects_id], rec.objects_conf)
+    assert small_detector.detect([make_image(3, 40, 56)], ids=["x"])[0].class_probs is None
+    with FeatureWriter(tmp_path / "f.lmdb", feature_dim=rec.features.shape[1], max_boxes=6) as writer:
+        writer.put(rec)
+    back = FeatureReader(tmp_path / "f.lmdb")["x"].class_probs
+    np.testing.assert_allclose(back, rec.class_probs, atol=1e-3)

@@ -93,3 +93,14 @@ def test_every_selection_rule_states_its_attribute_convention():
     for rule in ("maxnms", "threshold"):  # py-bottom-up-attention: drop none, softmax over the A real ones
         conf, ids = attribute_confidence(logits, rule)
         assert ids.item() == 0 and conf.item() == pytest.approx(e(1) / (e(1) + 1), rel=1e-6)
+
+
+def test_class_probs_are_the_kept_regions_full_distributions_only_when_asked():
+    out = outputs()
+    plain = to_record(out, "img", (64, 96), (64, 96), SelectionConfig("caffe", 1, 2, conf_thresh=0.5), CODER)
+    assert plain.class_probs is None
+    cfg = SelectionConfig("caffe", 1, 2, conf_thresh=0.5, class_probs=True)
+    rec = to_record(out, "img", (64, 96), (64, 96), cfg, CODER)
+    probs = torch.softmax(out.cls_logits, dim=1)  # background included, last
+    np.testing.assert_allclose(rec.class_probs, probs[:2].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(rec.class_probs[np.arange(2), rec.objects_id], rec.objects_conf, rtol=1e-6)
