@@ -110,6 +110,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _add_import(sub) -> None:
+    from storage.formats import FORMATS
+
     p = sub.add_parser("import", help="feature .tsv or HDF5 (.h5/.hdf5) -> store")
     p.add_argument(
         "src",
@@ -117,7 +119,7 @@ def _add_import(sub) -> None:
         "bottom-up-attention-vqa HDF5, or an xmodal HDF5 export",
     )
     p.add_argument("dst", help="store directory (created, or appended to: ids it holds are skipped)")
-    p.add_argument("--format", choices=("tsv", "hdf5"), help="source format (default: from the extension)")
+    p.add_argument("--format", choices=sorted(FORMATS), help="source format (default: from the extension)")
     p.add_argument(
         "--dtype", choices=("float16", "float32"), help="stored feature dtype (default: DST's, else float16)"
     )
@@ -134,23 +136,20 @@ def _add_import(sub) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from storage.hdf5 import hdf5_max_boxes, read_hdf5
+    from storage.formats import format_of, options_for
     from storage.importer import import_records
     from storage.info import describe
-    from storage.tsv import read_tsv, tsv_layout
 
-    fmt = args.format or _format_of(args.src)
-    if args.ids and fmt != "hdf5":
-        raise SystemExit("--ids applies to HDF5 sources only")
+    fmt = format_of(args.src, args.format)
+    options = options_for(fmt, {"ids": args.ids}, fmt.read_options, "sources")
     dtype, max_boxes, feature_dim = "float16", 36, None
     if Path(args.dst, "data.mdb").is_file():
         meta = describe(args.dst)
         dtype, max_boxes, feature_dim = meta["dtype"], meta["max_boxes"], meta["feature_dim"]
-    elif fmt == "hdf5":
-        max_boxes = hdf5_max_boxes(args.src)
-    items = read_tsv(args.src) if fmt == "tsv" else read_hdf5(args.src, ids=args.ids)
+    elif fmt.max_boxes is not None:
+        max_boxes = fmt.max_boxes(args.src)
     report = import_records(
-        items,
+        fmt.read(args.src, **options),
         args.src,
         args.dst,
         dtype=args.dtype or dtype,
@@ -158,7 +157,7 @@ def _import(args: argparse.Namespace) -> int:
         feature_dim=args.feature_dim or feature_dim,
         skip_bad=args.skip_bad,
         replace=args.replace,
-        provenance={"format": fmt, **({"layout": tsv_layout(args.src)} if fmt == "tsv" else {})},
+        provenance={"format": fmt.name, **fmt.describe(args.src)},
     )
     print(
         f"{args.dst}: {report.written} records written, {report.already_present} already present, "
@@ -168,11 +167,13 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub) -> None:
+    from storage.formats import FORMATS
+
     p = sub.add_parser("export", help="store -> LXMERT .tsv or HDF5 (.h5/.hdf5)")
     p.add_argument("src", nargs="+", help="store directory (several shards are exported as one)")
     p.add_argument("dst", help="output .tsv, .h5 or .hdf5 file")
-    p.add_argument("--format", choices=("tsv", "hdf5"), help="output format (default: from the extension)")
-    p.add_argument("--dtype", choices=("float16", "float32"), default="float32", help="HDF5 feature dtype")
+    p.add_argument("--format", choices=sorted(FORMATS), help="output format (default: from the extension)")
+    p.add_argument("--dtype", choices=("float16", "float32"), help="HDF5 feature dtype (default: float32)")
     p.add_argument(
         "--skip-empty",
         action="store_true",
@@ -183,18 +184,14 @@ def _add_export(sub) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from storage import FeatureReader
-    from storage.hdf5 import export_hdf5
-    from storage.tsv import export_tsv
+    from storage.formats import format_of, options_for
 
-    fmt = args.format or _format_of(args.dst)
-    if args.skip_empty and fmt != "tsv":
-        raise SystemExit("--skip-empty applies to TSV exports only")
-    reader = FeatureReader(args.src)
-    if fmt == "tsv":
-        count = export_tsv(reader, args.dst, skip_empty=args.skip_empty)
-    else:
-        count = export_hdf5(reader, args.dst, dtype=args.dtype)
-    print(f"{args.dst}: {count} records exported ({fmt})")
+    fmt = format_of(args.dst, args.format)
+    options = options_for(
+        fmt, {"skip_empty": args.skip_empty, "dtype": args.dtype}, fmt.write_options, "exports"
+    )
+    count = fmt.write(FeatureReader(args.src), args.dst, **options)
+    print(f"{args.dst}: {count} records exported ({fmt.name})")
     return 0
 
 
@@ -256,12 +253,3 @@ def _show(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot write {args.out}: use a .png or .jpg name in a writable folder")
     print(f"{args.out}: {rec.num_boxes} regions of {args.img_id!r} drawn")
     return 0
-
-
-def _format_of(path: str) -> str:
-    suffixes = Path(path).suffixes
-    if suffixes and suffixes[-1] in (".tsv", ".csv"):
-        return "tsv"
-    if suffixes and suffixes[-1] in (".h5", ".hdf5"):
-        return "hdf5"
-    raise SystemExit(f"cannot tell the format of {path} from its name: use .tsv, .h5 or .hdf5, or --format")
