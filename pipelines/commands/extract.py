@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from extraction.config import resolve_config
     from pipelines.extract import ExtractConfig, JobError, run_extract
     from pipelines.image_inputs import InputError
+    from storage import StoreError
 
     try:
         overrides = _parse_overrides(args.detector_overrides)
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         summary = run_extract(cfg)
-    except (InputError, JobError) as exc:
+    except (InputError, JobError, StoreError) as exc:
         log.error("%s", exc)
         return 1
     print(json.dumps(summary.__dict__, indent=2))
