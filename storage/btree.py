@@ -65,7 +65,8 @@ def walk_records(data: Path, db_name: bytes, txnid: int | None = None, values: b
     with open(data, "rb") as f:
         pages = _Pages(f.fileno(), txnid, values)
         walk = TreeWalk()
-        root = pages.named_root(pages.main_root(), db_name, walk)
+        main = pages.main_root()
+        root = pages.named_root(main, db_name, walk) if main != P_INVALID else None
         if root is not None and root != P_INVALID:
             pages.walk(root, None, None, walk, 0)
         return walk

@@ -9,7 +9,8 @@ from pathlib import Path
 import lmdb
 
 from storage import codec
-from storage.environment import damaged, open_environment
+from storage.btree import walk_records
+from storage.environment import DATA_FILE, broken_tree, damaged, open_environment
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release
 from storage.records import RegionFeatures
@@ -44,6 +45,11 @@ class FeatureWriter:
         self.path.mkdir(parents=True, exist_ok=True)
         release(self.path)  # LMDB allows one environment per store per process
         self._env = open_environment(self.path, map_size=int(map_size), max_dbs=2, readahead=False)
+        # appending to a tree with broken pages would make lmdb abort or spread the damage
+        broken = walk_records(self.path / DATA_FILE, RECORDS_DB).broken
+        if broken:
+            self._env.close()
+            raise broken_tree(self.path, broken)
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         # both databases and the metadata appear in one commit: a reader never sees half a store
