@@ -59,27 +59,38 @@ def problem(rec: RegionFeatures, limits: RecordLimits) -> str | None:
         return f"features are {rec.features.shape[1]}-d, the store's are {limits.feature_dim}-d"
     if limits.max_boxes is not None and n > limits.max_boxes:
         return f"{n} boxes exceed max_boxes={limits.max_boxes}"
-    for name in ("features", "boxes", "objects_conf", "attrs_conf"):
-        where = _first_nonfinite(getattr(rec, name))
-        if where is not None:
-            return f"{name}{where} is {getattr(rec, name)[where]} (not finite)"
+    where = _first_nonfinite(rec.features)
+    if where is not None:
+        return f"features{where} is {rec.features[where]} (not finite)"
+    # a handful of numpy calls when all is well (~60 µs a 36 x 2048 record); the reason only on failure
     return _box_problem(rec.boxes, h, w, limits.box_slack) or _label_problem(rec, limits)
 
 
+_EXPONENT_BITS = {2: 0x7C00, 4: 0x7F800000, 8: 0x7FF0000000000000}  # all set: inf or NaN
+
+
 def _first_nonfinite(arr: np.ndarray) -> tuple | None:
-    # np.isfinite over 36 x 2048 float16 is ~20 µs; the argwhere only runs on a bad record
-    if np.isfinite(arr).all():
+    # the exponent bits on the integer view: 30 µs over 36 x 2048 float16, where np.isfinite takes 480
+    mask = _EXPONENT_BITS[arr.dtype.itemsize]
+    bits = arr.view(arr.dtype.str.replace("f", "u")) & mask
+    if bits.size == 0 or bits.max() != mask:
         return None
-    return tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+    return tuple(int(i) for i in np.argwhere(bits == mask)[0])
 
 
 def _box_problem(boxes: np.ndarray, h: int, w: int, slack: float) -> str | None:
-    x1, y1, x2, y2 = boxes.T
     sx, sy = slack * w + 1.0, slack * h + 1.0
-    bad = (x1 < -sx) | (y1 < -sy) | (x2 > w + sx) | (y2 > h + sy) | (x2 < x1) | (y2 < y1)
-    if not bad.any():
+    low = np.array([-sx, -sy, -sx, -sy], np.float32)
+    high = np.array([w + sx, h + sy, w + sx, h + sy], np.float32)
+    # NaN fails both comparisons, so `inside` is False for it as for inf and out-of-range values
+    inside = (boxes >= low) & (boxes <= high)
+    ordered = boxes[:, 2:] >= boxes[:, :2]
+    if inside.all() and ordered.all():
         return None
-    i = int(np.argmax(bad))
+    where = _first_nonfinite(boxes)
+    if where is not None:
+        return f"boxes{where} is {boxes[where]} (not finite)"
+    i = int(np.argmin(inside.all(1) & ordered.all(1)))
     box = ", ".join(f"{v:g}" for v in boxes[i])
     return f"box {i} ({box}) lies outside the {w}x{h} image or is inverted"
 
@@ -90,12 +101,15 @@ def _label_problem(rec: RegionFeatures, limits: RecordLimits) -> str | None:
         ("attrs_id", "attrs_conf", limits.num_attributes),
     ):
         labels = getattr(rec, ids)
-        if labels.size and (labels.min() < 0 or labels.max() >= count):
-            i = int(np.argmax((labels < 0) | (labels >= count)))
+        # as unsigned, a negative label is huge: one comparison checks both ends
+        out = labels.view(labels.dtype.str.replace("i", "u")) >= count
+        if out.any():
+            i = int(np.argmax(out))
             return f"{ids}[{i}] is {int(labels[i])}, outside 0..{count - 1}"
         scores = getattr(rec, conf)
-        if scores.size and (scores.min() < -limits.conf_slack or scores.max() > 1 + limits.conf_slack):
-            i = int(np.argmax((scores < -limits.conf_slack) | (scores > 1 + limits.conf_slack)))
+        fine = np.abs(scores - 0.5) <= 0.5 + limits.conf_slack  # False for NaN
+        if not fine.all():
+            i = int(np.argmin(fine))
             return f"{conf}[{i}] is {float(scores[i]):g}, outside 0..1"
     return None
 
