@@ -3,12 +3,14 @@ shorter than its own map is refused before any page of it is touched (reading pa
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import lmdb
 
-from storage.btree import BrokenPage
+from storage.btree import BrokenPage, TreeWalk, walk_records
 from storage.errors import StoreError
+from storage.metadata import RECORDS_DB
 
 DATA_FILE = "data.mdb"
 
@@ -32,6 +34,15 @@ def damaged(path: Path, exc: BaseException, what: str = "") -> StoreDamagedError
         f"store {path} is damaged ({type(exc).__name__}{at}: {_reason(exc, path)}); run "
         f"`xmodal features verify {path}` to see what is lost, then re-extract or re-import it"
     )
+
+
+def walk_store(path: Path, txnid: int, values: bool = False) -> TreeWalk:
+    """The walk of `path`'s records tree as of transaction `txnid` (storage.btree); a walk that cannot
+    even start (no meta page, a short read) is a StoreDamagedError."""
+    try:
+        return walk_records(path / DATA_FILE, RECORDS_DB, txnid, values)
+    except (OSError, ValueError, struct.error) as exc:
+        raise damaged(path, exc, "walking its pages") from exc
 
 
 def broken_tree(path: Path, broken: list[BrokenPage], key: bytes | None = None) -> StoreDamagedError:

@@ -11,8 +11,8 @@ from pathlib import Path
 import lmdb
 
 from storage import codec
-from storage.btree import BrokenPage, TreeWalk, walk_records
-from storage.environment import DATA_FILE, broken_tree, damaged, open_environment
+from storage.btree import BrokenPage, TreeWalk
+from storage.environment import broken_tree, damaged, open_environment, walk_store
 from storage.errors import StoreError, StoreFormatError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta
 from storage.records import RegionFeatures
@@ -65,7 +65,7 @@ class _Shard:
         if self._walk is None or (values and not self._walk_values):
             # the read transaction pins the snapshot walked: a writer cannot reuse its pages meanwhile
             with self.begin() as txn:
-                self._walk = walk_records(self.path / DATA_FILE, RECORDS_DB, txn.id(), values)
+                self._walk = walk_store(self.path, txn.id(), values)
             self._walk_values = values
         return self._walk
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import lmdb
 
 from storage import codec
-from storage.btree import walk_records
-from storage.environment import DATA_FILE, broken_tree, damaged, open_environment
+from storage.environment import broken_tree, damaged, open_environment, walk_store
+from storage.errors import StoreError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release
 from storage.records import RegionFeatures
@@ -45,24 +45,26 @@ class FeatureWriter:
         self.path.mkdir(parents=True, exist_ok=True)
         release(self.path)  # LMDB allows one environment per store per process
         self._env = open_environment(self.path, map_size=int(map_size), max_dbs=2, readahead=False)
-        # appending to a tree with broken pages would make lmdb abort or spread the damage
-        broken = walk_records(self.path / DATA_FILE, RECORDS_DB).broken
-        if broken:
-            self._env.close()
-            raise broken_tree(self.path, broken)
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         # both databases and the metadata appear in one commit: a reader never sees half a store
         self._txn: lmdb.Transaction | None = None
         try:
             self._txn = self._env.begin(write=True)
+            # appending to a tree with broken pages would make lmdb abort or spread the damage; the
+            # write lock held, the last commit (the one before ours) cannot change during the walk
+            broken = walk_store(self.path, self._txn.id() - 1).broken
+            if broken:
+                raise broken_tree(self.path, broken)
             self._records = self._env.open_db(RECORDS_DB, txn=self._txn)
             self._meta_db = self._env.open_db(META_DB, txn=self._txn)
             raw = self._txn.get(META_KEY, db=self._meta_db)
-        except lmdb.Error as exc:
+        except (lmdb.Error, StoreError) as exc:
             if self._txn is not None:
                 self._txn.abort()
             self._env.close()
+            if isinstance(exc, StoreError):
+                raise
             raise damaged(self.path, exc, "opening it for writing") from exc
         try:
             if raw is None:
