@@ -88,6 +88,8 @@ class _Shard:
 
     def get(self, key: bytes, buffers: bool = False) -> bytes | memoryview | None:
         """The stored value of `key` in its own transaction (copied out unless `buffers`), or None."""
+        if self.broken:
+            self.hidden(key)  # never let lmdb search a broken page: on some it aborts the process
         with self.begin(buffers=buffers) as txn:
             try:
                 value = txn.get(key, db=self.records)
@@ -428,6 +430,8 @@ class _View:
     def __getitem__(self, img_id: str) -> RegionFeatures:
         key = img_id.encode("utf-8")
         for index, (shard, txn) in enumerate(self._pairs):
+            if shard.broken:
+                shard.hidden(key)
             try:
                 value = txn.get(key, db=shard.records)
             except lmdb.Error as exc:

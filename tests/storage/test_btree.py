@@ -61,9 +61,9 @@ def leaf_ids(page: bytes) -> list[str]:
     return ids
 
 
-@pytest.fixture
-def damaged(tmp_path):
-    """A store with one records leaf zeroed: returns the path and the ids that leaf held."""
+@pytest.fixture(params=["zeroed", "random bytes"])
+def damaged(tmp_path, request):
+    """A store with one records leaf zeroed or overwritten: returns the path and the ids it held."""
     path = tmp_path / "s"
     with FeatureWriter(path, feature_dim=8, max_boxes=4) as w:
         for i in range(COUNT):
@@ -73,14 +73,14 @@ def damaged(tmp_path):
     lost = leaf_ids(page)
     with open(path / "data.mdb", "r+b") as f:
         f.seek(number * PAGE)
-        f.write(bytes(PAGE))
+        f.write(bytes(PAGE) if request.param == "zeroed" else np.random.default_rng(0).bytes(PAGE))
     return path, lost
 
 
 def test_walk_finds_the_zeroed_leaf_and_every_other_id(damaged):
     path, lost = damaged
     walk = walk_records(path / "data.mdb", b"records")
-    assert len(walk.broken) == 1 and "zeroed" in walk.broken[0].reason
+    assert len(walk.broken) == 1 and "overwritten or zeroed" in walk.broken[0].reason
     everyone = [f"img_{i:06d}" for i in range(COUNT)]
     assert [k.decode() for k in walk.keys] == [i for i in everyone if i not in lost]
     # the broken page's key range covers exactly the ids it held, among all ids
@@ -122,7 +122,7 @@ def test_verify_reports_the_lost_range_and_checks_the_rest(damaged):
     report = verify(path)
     assert report.checked == COUNT - len(lost) and not report.bad and not report.ok
     assert report.damaged == [str(path)]
-    assert f"from {lost[0]!r}" in report.problems[0] and "zeroed" in report.problems[0]
+    assert f"from {lost[0]!r}" in report.problems[0] and "overwritten or zeroed" in report.problems[0]
     assert f"metadata count {COUNT} but {COUNT - len(lost)} records are readable" in report.problems[1]
 
 
