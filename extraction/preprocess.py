@@ -69,8 +69,10 @@ def _read_regular_file(path: Path, label: str, max_bytes: int) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ImageError(f"image {label!r} cannot be read ({exc.strerror or exc}); check the path") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise ImageError(
+            f"image {label!r} cannot be read ({getattr(exc, 'strerror', None) or exc}); check the path"
+        ) from exc
     info = os.fstat(fd)
     refusal = None
     if not stat.S_ISREG(info.st_mode):
@@ -138,7 +140,7 @@ def _decode(data: bytes, label: str, max_pixels: int) -> np.ndarray:
 def _decode_with_opencv(data: bytes, label: str, max_pixels: int) -> np.ndarray:
     """Formats PIL does not read (Radiance HDR, PFM) go to OpenCV, whose imdecode allocates the whole
     image before any check of ours: only formats whose header gives us the size first are passed on."""
-    size = opencv_header_size(data)
+    size = _opencv_header_size(data)
     if size is None:
         raise ImageError(f"{label!r} is not an image PIL or OpenCV can decode; remove it from the input")
     _check_size(*size, label, max_pixels)
@@ -148,7 +150,7 @@ def _decode_with_opencv(data: bytes, label: str, max_pixels: int) -> np.ndarray:
     return _from_array(arr, label, max_pixels)
 
 
-def opencv_header_size(data: bytes) -> tuple[int, int] | None:
+def _opencv_header_size(data: bytes) -> tuple[int, int] | None:
     """(width, height) from a Radiance HDR or PFM header, or None for any other content."""
     head = data[:4096]
     if head.startswith((b"#?RADIANCE", b"#?RGBE")):

@@ -245,6 +245,11 @@ def test_a_directory_is_refused(tmp_path):
     assert refused(tmp_path / "album.jpg", r"album.jpg.*a directory, not a regular file") < 1
 
 
+def test_a_path_with_a_nul_byte(tmp_path):
+    with pytest.raises(ImageError, match="cannot be read .embedded null byte"):
+        load_image(str(tmp_path / "a\x00b.jpg"))
+
+
 def test_a_symlink_to_a_regular_image_is_read(tmp_path, rgb):
     save(Image.fromarray(rgb), tmp_path / "a.png")
     (tmp_path / "link.png").symlink_to(tmp_path / "a.png")
