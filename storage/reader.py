@@ -55,7 +55,7 @@ class _Shard:
         try:
             self.meta = self.read_meta()
             # a few reads per thousand records: tells a damaged page from a missing id on every lookup
-            self.broken = self.tree().broken
+            self.tree()
         except StoreError:
             self.env.close()
             raise
@@ -67,6 +67,7 @@ class _Shard:
             with self.begin() as txn:
                 self._walk = walk_store(self.path, txn.id(), values)
             self._walk_values = values
+            self.broken = self._walk.broken
         return self._walk
 
     def hidden(self, key: bytes) -> None:
@@ -86,8 +87,9 @@ class _Shard:
         except lmdb.Error as exc:
             raise damaged(self.path, exc, "starting a read") from exc
 
-    def get(self, key: bytes, buffers: bool = False) -> bytes | memoryview | None:
-        """The stored value of `key` in its own transaction (copied out unless `buffers`), or None."""
+    def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
+        """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
+        bytearray (one copy out of the map, which decodes into writable arrays)."""
         if self.broken:
             self.hidden(key)  # never let lmdb search a broken page: on some it aborts the process
         with self.begin(buffers=buffers) as txn:
