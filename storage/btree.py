@@ -11,6 +11,7 @@ import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper (overflow pages: u32 page count)
@@ -162,8 +163,16 @@ class _Pages:
         except ValueError as exc:
             walk.broken.append(BrokenPage(pgno, low, high, f"leaf page {pgno}: {exc}"))
             return
+        keys = [key for _, _, key, _ in nodes]
+        in_order = all(a < b for a, b in pairwise(keys))
+        if keys and (
+            not in_order or (low is not None and keys[0] < low) or (high is not None and keys[-1] >= high)
+        ):
+            # lmdb would route lookups of these keys elsewhere: they cannot be found
+            walk.broken.append(BrokenPage(pgno, low, high, f"leaf page {pgno} holds keys out of order"))
+            return
         for size, flags, key, data in nodes:
-            if not flags & F_BIGDATA and data + size > len(raw):
+            if data + (8 if flags & F_BIGDATA else size) > len(raw):
                 reason = f"leaf page {pgno}: a value runs past the page"
                 walk.broken.append(BrokenPage(pgno, key, key, reason))
                 continue

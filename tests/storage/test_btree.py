@@ -7,6 +7,7 @@ the process when a cursor steps onto a broken page, and a regression must fail t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -61,9 +62,11 @@ def leaf_ids(page: bytes) -> list[str]:
     return ids
 
 
-@pytest.fixture(params=["zeroed", "random bytes"])
+@pytest.fixture(params=["zeroed", "random bytes", "another leaf"])
 def damaged(tmp_path, request):
-    """A store with one records leaf zeroed or overwritten: returns the path and the ids it held."""
+    """A store with one records leaf zeroed, overwritten with noise, or overwritten with a copy of another
+    leaf under its own page number (sound to lmdb, which then silently misses its ids): returns the path
+    and the ids the leaf held."""
     path = tmp_path / "s"
     with FeatureWriter(path, feature_dim=8, max_boxes=4) as w:
         for i in range(COUNT):
@@ -73,14 +76,19 @@ def damaged(tmp_path, request):
     lost = leaf_ids(page)
     with open(path / "data.mdb", "r+b") as f:
         f.seek(number * PAGE)
-        f.write(bytes(PAGE) if request.param == "zeroed" else np.random.default_rng(0).bytes(PAGE))
+        if request.param == "zeroed":
+            f.write(bytes(PAGE))
+        elif request.param == "random bytes":
+            f.write(np.random.default_rng(0).bytes(PAGE))
+        else:
+            f.write(struct.pack("<Q", number) + leaves[0][1][8:])
     return path, lost
 
 
 def test_walk_finds_the_zeroed_leaf_and_every_other_id(damaged):
     path, lost = damaged
     walk = walk_records(path / "data.mdb", b"records")
-    assert len(walk.broken) == 1 and "overwritten or zeroed" in walk.broken[0].reason
+    assert len(walk.broken) == 1 and re.search("overwritten or zeroed|out of order", walk.broken[0].reason)
     everyone = [f"img_{i:06d}" for i in range(COUNT)]
     assert [k.decode() for k in walk.keys] == [i for i in everyone if i not in lost]
     # the broken page's key range covers exactly the ids it held, among all ids
@@ -122,7 +130,8 @@ def test_verify_reports_the_lost_range_and_checks_the_rest(damaged):
     report = verify(path)
     assert report.checked == COUNT - len(lost) and not report.bad and not report.ok
     assert report.damaged == [str(path)]
-    assert f"from {lost[0]!r}" in report.problems[0] and "overwritten or zeroed" in report.problems[0]
+    assert f"from {lost[0]!r}" in report.problems[0]
+    assert re.search("overwritten or zeroed|out of order", report.problems[0])
     assert f"metadata count {COUNT} but {COUNT - len(lost)} records are readable" in report.problems[1]
 
 
