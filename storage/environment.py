@@ -88,17 +88,19 @@ def open_environment(path: Path, **options) -> lmdb.Environment:
         ) from exc
     if size is not None:
         try:
-            _check_length(env, data, size)
+            _check_length(env, data)
         except StoreDamagedError:
             env.close()
             raise
     return env
 
 
-def _check_length(env: lmdb.Environment, data: Path, size: int) -> None:
+def _check_length(env: lmdb.Environment, data: Path) -> None:
     """The last committed page must lie inside the file: the header pages are read with read(), but every
     other page through the memory map, where a page past the end of the file kills the process."""
     needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    # measured after the meta was read: a live writer writes pages before the meta naming them
+    size = data.stat().st_size
     if size < needed:
         raise StoreDamagedError(
             f"store {data.parent} is truncated: {data} holds {size} bytes but its last committed page ends "
