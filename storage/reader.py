@@ -316,11 +316,10 @@ class FeatureReader:
         reason = self.check(rec, shard_index)
         if reason is None:
             return
-        error = bad_record(rec, self.paths[shard_index], reason)
         if self.skip_bad and rec.img_id not in self.skipped:
             self.skipped[rec.img_id] = reason
-            log.warning("skipped: %s", error)
-        raise error
+            log.warning("skipping record %r of store %s: %s", rec.img_id, self.paths[shard_index], reason)
+        raise bad_record(rec, self.paths[shard_index], reason)
 
     def get_encoded(self, img_id: str) -> bytes | None:
         """The stored value (record format bytes) or None."""
