@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from storage.errors import StoreError
-from storage.records import RegionFeatures
+from storage.records import UNKNOWN_LABEL, RegionFeatures
 
 VG_OBJECTS = 1600  # Visual Genome classes the VG detector predicts (background excluded)
 VG_ATTRIBUTES = 400
@@ -101,8 +101,9 @@ def _label_problem(rec: RegionFeatures, limits: RecordLimits) -> str | None:
         ("attrs_id", "attrs_conf", limits.num_attributes),
     ):
         labels = getattr(rec, ids)
-        # as unsigned, a negative label is huge: one comparison checks both ends
-        out = labels.view(labels.dtype.str.replace("i", "u")) >= count
+        # as unsigned, a negative label is huge: one comparison checks both ends; UNKNOWN_LABEL marks
+        # regions imported without detector labels
+        out = (labels.view(labels.dtype.str.replace("i", "u")) >= count) & (labels != UNKNOWN_LABEL)
         if out.any():
             i = int(np.argmax(out))
             return f"{ids}[{i}] is {int(labels[i])}, outside 0..{count - 1}"
@@ -111,7 +112,19 @@ def _label_problem(rec: RegionFeatures, limits: RecordLimits) -> str | None:
         if not fine.all():
             i = int(np.argmin(fine))
             return f"{conf}[{i}] is {float(scores[i]):g}, outside 0..1"
-    return None
+    return _class_probs_problem(rec.class_probs, rec.num_boxes, limits.conf_slack)
+
+
+def _class_probs_problem(probs: np.ndarray | None, n: int, slack: float) -> str | None:
+    if probs is None:
+        return None
+    if probs.ndim != 2 or probs.shape[0] != n:
+        return f"class_probs have shape {probs.shape} for {n} boxes"
+    fine = np.abs(probs.astype(np.float32) - 0.5) <= 0.5 + slack  # False for NaN
+    if fine.all():
+        return None
+    where = tuple(int(i) for i in np.argwhere(~fine)[0])
+    return f"class_probs{where} is {float(probs[where]):g}, not a probability"
 
 
 def bad_record(rec: RegionFeatures, store: object, reason: str) -> BadRecordError:

@@ -14,6 +14,7 @@ from pipelines.cli import main
 from storage import FeatureReader, FeatureWriter, RegionFeatures
 from storage.codec import CRC_OFFSET, checksum, decode, encode
 from storage.metadata import RECORDS_DB
+from storage.records import UNKNOWN_LABEL
 from storage.validate import BadRecordError, RecordLimits, problem
 from storage.verify import verify
 
@@ -34,7 +35,7 @@ def spoil(rec: RegionFeatures, how: str) -> RegionFeatures:
     elif how == "object label":
         rec.objects_id[7] = 999999
     elif how == "negative attribute":
-        rec.attrs_id[0] = -1
+        rec.attrs_id[0] = -5
     elif how == "confidence":
         rec.objects_conf[0] = 7.0
     elif how == "rows":
@@ -51,7 +52,7 @@ REASONS = {
     "box outside": "box 4 (",
     "inverted box": "box 1 (50, 50, 10, 60)",
     "object label": "objects_id[7] is 999999, outside 0..1599",
-    "negative attribute": "attrs_id[0] is -1",
+    "negative attribute": "attrs_id[0] is -5",
     "confidence": "objects_conf[0] is 7",
     "rows": "objects_id has (35,) rows but there are 36 boxes",
     "width": "features are 32-d, the store's are 64-d",
@@ -62,6 +63,18 @@ REASONS = {
 def test_each_kind_of_bad_value_is_named(make_record, how):
     assert problem(make_record(1), LIMITS) is None
     assert REASONS[how] in problem(spoil(make_record(1), how), LIMITS)
+
+
+def test_unknown_labels_pass_and_class_probs_are_checked(make_record):
+    rec = make_record(4)
+    rec.objects_id[:] = UNKNOWN_LABEL  # imported without detector labels
+    rec.objects_conf[:] = 0
+    rec.class_probs = np.full((rec.num_boxes, 1601), 1 / 1601, np.float16)
+    assert problem(rec, LIMITS) is None
+    rec.class_probs[5, 7] = np.nan
+    assert "class_probs(5, 7) is nan, not a probability" in problem(rec, LIMITS)
+    rec.objects_id[0] = -2
+    assert "objects_id[0] is -2" in problem(rec, LIMITS)
 
 
 def test_boxes_may_overhang_by_the_slack(make_record):
