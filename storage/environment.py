@@ -27,12 +27,28 @@ class StoreOpenError(StoreError, OSError):
 _DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.PageNotFoundError)
 
 
-def damaged(path: Path, exc: BaseException, what: str = "") -> StoreDamagedError:
-    """The error for an lmdb failure while reading `path`; `what` says which read failed."""
+def damaged(path: Path, exc: BaseException, what: str = "", whole: bool = False) -> StoreDamagedError:
+    """The error for an lmdb failure while reading `path`; `what` says which read failed, `whole` that
+    nothing of the store can be read (its databases, metadata or tree)."""
     at = f" {what}" if what else ""
+    todo = (
+        "nothing in it can be read: restore it from a copy, or re-extract or re-import it"
+        if whole
+        else f"run `xmodal features verify {path}` to see what is lost, then re-extract or re-import it"
+    )
     return StoreDamagedError(
-        f"store {path} is damaged ({type(exc).__name__}{at}: {_reason(exc, path)}); run "
-        f"`xmodal features verify {path}` to see what is lost, then re-extract or re-import it"
+        f"store {path} is damaged ({type(exc).__name__}{at}: {_reason(exc, path)}); {todo}"
+    )
+
+
+def lmdb_failure(path: Path, exc: lmdb.Error, what: str, whole: bool = False) -> StoreError:
+    """The error for an lmdb failure on `path`: damage (see `damaged`) when lmdb found broken pages,
+    otherwise what the system refused (reader slots, disk space, permissions) as a StoreOpenError."""
+    if isinstance(exc, _DAMAGE):
+        return damaged(path, exc, what, whole)
+    return StoreOpenError(
+        f"store {path}: {what} failed ({type(exc).__name__}: {_reason(exc, path)}); check free disk "
+        "space, permissions and the number of processes reading it"
     )
 
 
@@ -42,7 +58,7 @@ def walk_store(path: Path, txnid: int, values: bool = False) -> TreeWalk:
     try:
         return walk_records(path / DATA_FILE, RECORDS_DB, txnid, values)
     except (OSError, ValueError, struct.error) as exc:
-        raise damaged(path, exc, "walking its pages") from exc
+        raise damaged(path, exc, "walking its pages", whole=True) from exc
 
 
 def broken_tree(path: Path, broken: list[BrokenPage], key: bytes | None = None) -> StoreDamagedError:

@@ -12,7 +12,7 @@ import lmdb
 
 from storage import codec
 from storage.btree import BrokenPage, TreeWalk
-from storage.environment import broken_tree, damaged, open_environment, walk_store
+from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
 from storage.errors import StoreError, StoreFormatError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta
 from storage.records import RegionFeatures
@@ -47,7 +47,7 @@ class _Shard:
             raise StoreFormatError(f"{path}: no records/meta databases: not an xmodal feature store") from exc
         except lmdb.Error as exc:
             self.env.close()
-            raise damaged(path, exc, "opening its databases") from exc
+            raise lmdb_failure(path, exc, "opening its databases", whole=True) from exc
         self.lock = lock
         self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
         self._walk: TreeWalk | None = None
@@ -85,7 +85,7 @@ class _Shard:
                 self.env.set_mapsize(0)
                 return self.env.begin(buffers=buffers)
         except lmdb.Error as exc:
-            raise damaged(self.path, exc, "starting a read") from exc
+            raise lmdb_failure(self.path, exc, "starting a read", whole=True) from exc
 
     def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
         """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
@@ -96,7 +96,7 @@ class _Shard:
             try:
                 value = txn.get(key, db=self.records)
             except lmdb.Error as exc:
-                raise damaged(self.path, exc, f"reading {key.decode('utf-8', 'replace')!r}") from exc
+                raise lmdb_failure(self.path, exc, f"reading {key.decode('utf-8', 'replace')!r}") from exc
             return bytearray(value) if buffers and value is not None else value
 
     def count(self) -> int:
@@ -104,14 +104,14 @@ class _Shard:
             try:
                 return txn.stat(self.records)["entries"]
             except lmdb.Error as exc:
-                raise damaged(self.path, exc, "counting records") from exc
+                raise lmdb_failure(self.path, exc, "counting records") from exc
 
     def read_meta(self) -> dict:
         with self.begin() as txn:
             try:
                 raw = txn.get(META_KEY, db=self.meta_db)
             except lmdb.Error as exc:
-                raise damaged(self.path, exc, "reading its metadata") from exc
+                raise lmdb_failure(self.path, exc, "reading its metadata", whole=True) from exc
         return decode_meta(raw, self.path)
 
 
@@ -391,7 +391,7 @@ class FeatureReader:
                             found = cur.next()
                     except lmdb.Error as exc:
                         where = f"past {last.decode('utf-8', 'replace')!r}" if last else "from the start"
-                        raise damaged(shard.path, exc, f"scanning {where}") from exc
+                        raise lmdb_failure(shard.path, exc, f"scanning {where}") from exc
                 for key, value in batch:
                     yield shard, key, value
                 if not batch or len(batch) < _KEYS_PER_TXN:
@@ -436,7 +436,7 @@ class _View:
             try:
                 value = txn.get(key, db=shard.records)
             except lmdb.Error as exc:
-                raise damaged(shard.path, exc, f"reading {img_id!r}") from exc
+                raise lmdb_failure(shard.path, exc, f"reading {img_id!r}") from exc
             if value is not None:
                 rec = codec.decode(value, key)
                 if self._check is not None:

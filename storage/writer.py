@@ -9,7 +9,7 @@ from pathlib import Path
 import lmdb
 
 from storage import codec, metadata
-from storage.environment import broken_tree, damaged, open_environment, walk_store
+from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
 from storage.errors import StoreError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release
@@ -65,7 +65,7 @@ class FeatureWriter:
             self._env.close()
             if isinstance(exc, StoreError):
                 raise
-            raise damaged(self.path, exc, "opening it for writing") from exc
+            raise lmdb_failure(self.path, exc, "opening it for writing", whole=True) from exc
         try:
             if raw is None:
                 self.meta = new_meta(feature_dim, max_boxes, dtype, meta)
@@ -105,13 +105,13 @@ class FeatureWriter:
         try:
             return self._write_txn().stat(self._records)["entries"]
         except lmdb.Error as exc:
-            raise damaged(self.path, exc, "counting records") from exc
+            raise lmdb_failure(self.path, exc, "counting records") from exc
 
     def __contains__(self, img_id: str) -> bool:
         try:
             return self._write_txn().get(img_id.encode("utf-8"), db=self._records) is not None
         except lmdb.Error as exc:
-            raise damaged(self.path, exc, f"looking up {img_id!r}") from exc
+            raise lmdb_failure(self.path, exc, f"looking up {img_id!r}") from exc
 
     def put(self, rec: RegionFeatures) -> bool:
         """Add one record; False (nothing written) if the id exists and the writer is not in replace mode."""
@@ -181,7 +181,7 @@ class FeatureWriter:
             except lmdb.MapFullError:
                 self._grow(len(value))
             except lmdb.Error as exc:
-                raise damaged(self.path, exc, f"writing {key.decode('utf-8', 'replace')!r}") from exc
+                raise lmdb_failure(self.path, exc, f"writing {key.decode('utf-8', 'replace')!r}") from exc
 
     def _commit(self) -> None:
         while True:
@@ -194,7 +194,7 @@ class FeatureWriter:
                 self._grow(0)
                 continue
             except lmdb.Error as exc:
-                raise damaged(self.path, exc, "committing") from exc
+                raise lmdb_failure(self.path, exc, "committing") from exc
             self._txn = None
             break
         self._pending.clear()

@@ -175,3 +175,31 @@ def test_a_value_page_pointing_past_the_file(tmp_path, make_record):
     with pytest.raises(StoreDamagedError, match="is damaged"):
         FeatureReader(path)["img_000002"]
     assert FeatureReader(path)["img_000003"].img_id == "img_000003"
+
+
+@pytest.mark.parametrize("page", ["main database root", "metadata"])
+def test_a_store_whose_databases_cannot_be_read(tmp_path, page):
+    """Zeroing the page naming the databases, or the one holding the metadata, leaves nothing readable:
+    every command says so in one line (and does not send the user to `verify`, which cannot read it)."""
+    path = tmp_path / "s"
+    with FeatureWriter(path, feature_dim=8, max_boxes=4) as w:
+        for i in range(20):
+            w.put(small(i))
+    marks = (b"records", b"meta") if page == "main database root" else (b"xmodal-region-features",)
+    victims = [n for n, flags, p in pages(path) if n > 1 and flags & 0x02 and all(m in p for m in marks)]
+    with open(path / "data.mdb", "r+b") as f:
+        for number in victims:  # the live copy and any older one
+            f.seek(number * PAGE)
+            f.write(bytes(PAGE))
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    for command in ("info", "verify"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "features", command, str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert f"store {path} is damaged" in last and "nothing in it can be read" in last
