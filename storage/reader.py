@@ -348,9 +348,10 @@ class FeatureReader:
                 shard.views -= 1
                 txn.abort()
 
-    def keys(self) -> Iterator[str]:
-        """Ids in key order, shard after shard; reads in short transactions, never holding one open."""
-        for _shard, key, _ in self._scan(values=False):
+    def keys(self, on_damage: Callable[[Path, BrokenPage], None] | None = None) -> Iterator[str]:
+        """Ids in key order, shard after shard; reads in short transactions, never holding one open.
+        Broken pages: as `items_encoded`."""
+        for _shard, key, _ in self._scan(values=False, on_damage=on_damage):
             yield key.decode("utf-8")
 
     __iter__ = keys

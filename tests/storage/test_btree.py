@@ -19,6 +19,7 @@ import pytest
 from storage import FeatureReader, FeatureWriter, RegionFeatures
 from storage.btree import walk_records
 from storage.environment import StoreDamagedError
+from storage.merge import merge_stores
 from storage.verify import verify
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -203,3 +204,17 @@ def test_a_store_whose_databases_cannot_be_read(tmp_path, page):
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         last = proc.stderr.strip().splitlines()[-1]
         assert f"store {path} is damaged" in last and "nothing in it can be read" in last
+
+
+def test_merge_salvages_what_a_damaged_store_still_holds(damaged, tmp_path, caplog):
+    path, lost = damaged
+    with pytest.raises(StoreDamagedError, match="is damaged"):
+        merge_stores([path], tmp_path / "refused")
+    with caplog.at_level("WARNING", logger="storage.merge"):
+        written = merge_stores([path], tmp_path / "saved", salvage=True)
+    assert written == COUNT - len(lost) and verify(tmp_path / "saved").ok
+    saved = FeatureReader(tmp_path / "saved")
+    assert sorted(saved.keys()) == [f"img_{i:06d}" for i in range(COUNT) if f"img_{i:06d}" not in lost]
+    np.testing.assert_array_equal(saved["img_000000"].features, small(0).features.astype(np.float16))
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"from {lost[0]!r}" in warnings[0] and "left out" in warnings[0]
