@@ -15,13 +15,13 @@ from PIL import Image, ImageOps
 
 MAX_PIXELS = 50_000_000
 MAX_FILE_BYTES = 64 << 20  # a 50 MP JPEG is ~25 MB; bigger files are refused before they are read
-# the raster formats PIL may open: EPS (run through Ghostscript), PSD, WMF and scientific formats are not
+# the raster formats PIL may open, each decoded at the size its header states: not EPS (run through
+# Ghostscript), ICO (an embedded PNG may be larger than its directory says), PSD, WMF or scientific formats
 PIL_FORMATS = (
     "AVIF",
     "BMP",
     "DIB",
     "GIF",
-    "ICO",
     "JPEG",
     "JPEG2000",
     "PCX",
