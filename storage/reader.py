@@ -87,17 +87,25 @@ class _Shard:
         except lmdb.Error as exc:
             raise lmdb_failure(self.path, exc, "starting a read", whole=True) from exc
 
+    def has(self, key: bytes) -> bool:
+        """Whether `key` is stored (its value is not copied out of the map)."""
+        return self._lookup(key, lambda value: True) is not None
+
     def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
         """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
-        bytearray (one copy out of the map, which decodes into writable arrays)."""
+        bytearray (which decodes into writable arrays)."""
+        return self._lookup(key, bytearray if buffers else bytes)
+
+    def _lookup(self, key: bytes, take: Callable[[memoryview], object]) -> object | None:
+        """`take(value)` of `key`'s value, inside its read transaction, or None when it is absent."""
         if self.broken:
             self.hidden(key)  # never let lmdb search a broken page: on some it aborts the process
-        with self.begin(buffers=buffers) as txn:
+        with self.begin(buffers=True) as txn:
             try:
                 value = txn.get(key, db=self.records)
             except lmdb.Error as exc:
                 raise lmdb_failure(self.path, exc, f"reading {key.decode('utf-8', 'replace')!r}") from exc
-            return bytearray(value) if buffers and value is not None else value
+            return None if value is None else take(value)
 
     def count(self) -> int:
         with self.begin() as txn:
@@ -271,7 +279,7 @@ class FeatureReader:
         if not isinstance(img_id, str):
             return False
         key = img_id.encode("utf-8")
-        if any(shard.get(key, buffers=True) is not None for shard in self.shards):
+        if any(shard.has(key) for shard in self.shards):
             return True
         for shard in self.shards:
             shard.hidden(key)
