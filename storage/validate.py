@@ -78,19 +78,22 @@ def _first_nonfinite(arr: np.ndarray) -> tuple | None:
     return tuple(int(i) for i in np.argwhere(bits == mask)[0])
 
 
+# box (x1, y1, x2, y2) @ _MARGINS + (sx, sy, w + sx, h + sy, 0, 0): its margins to the image's edges
+# (slack included) and its width and height; a sound box has them all >= 0 (NaN fails, as does inf)
+_MARGINS = np.array(
+    [[1, 0, 0, 0, -1, 0], [0, 1, 0, 0, 0, -1], [0, 0, -1, 0, 1, 0], [0, 0, 0, -1, 0, 1]], np.float32
+)
+
+
 def _box_problem(boxes: np.ndarray, h: int, w: int, slack: float) -> str | None:
     sx, sy = slack * w + 1.0, slack * h + 1.0
-    low = np.array([-sx, -sy, -sx, -sy], np.float32)
-    high = np.array([w + sx, h + sy, w + sx, h + sy], np.float32)
-    # NaN fails both comparisons, so `inside` is False for it as for inf and out-of-range values
-    inside = (boxes >= low) & (boxes <= high)
-    ordered = boxes[:, 2:] >= boxes[:, :2]
-    if inside.all() and ordered.all():
+    margins = boxes @ _MARGINS + np.array([sx, sy, w + sx, h + sy, 0, 0], np.float32)
+    if not boxes.size or margins.min() >= 0:
         return None
     where = _first_nonfinite(boxes)
     if where is not None:
         return f"boxes{where} is {boxes[where]} (not finite)"
-    i = int(np.argmin(inside.all(1) & ordered.all(1)))
+    i = int(np.argmin(margins.min(1)))
     box = ", ".join(f"{v:g}" for v in boxes[i])
     return f"box {i} ({box}) lies outside the {w}x{h} image or is inverted"
 
@@ -101,16 +104,14 @@ def _label_problem(rec: RegionFeatures, limits: RecordLimits) -> str | None:
         ("attrs_id", "attrs_conf", limits.num_attributes),
     ):
         labels = getattr(rec, ids)
-        # as unsigned, a negative label is huge: one comparison checks both ends; UNKNOWN_LABEL marks
-        # regions imported without detector labels
-        out = (labels.view(labels.dtype.str.replace("i", "u")) >= count) & (labels != UNKNOWN_LABEL)
-        if out.any():
-            i = int(np.argmax(out))
+        # UNKNOWN_LABEL (-1) marks regions imported without detector labels
+        if labels.size and (labels.min() < UNKNOWN_LABEL or labels.max() >= count):
+            i = int(np.argmax((labels < UNKNOWN_LABEL) | (labels >= count)))
             return f"{ids}[{i}] is {int(labels[i])}, outside 0..{count - 1}"
         scores = getattr(rec, conf)
-        fine = np.abs(scores - 0.5) <= 0.5 + limits.conf_slack  # False for NaN
-        if not fine.all():
-            i = int(np.argmin(fine))
+        # min and max propagate NaN, which fails both comparisons
+        if scores.size and not (scores.min() >= -limits.conf_slack and scores.max() <= 1 + limits.conf_slack):
+            i = int(np.argmin(np.abs(scores - 0.5) <= 0.5 + limits.conf_slack))
             return f"{conf}[{i}] is {float(scores[i]):g}, outside 0..1"
     return _class_probs_problem(rec.class_probs, rec.num_boxes, limits.conf_slack)
 
