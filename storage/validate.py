@@ -32,7 +32,8 @@ class RecordLimits:
     @classmethod
     def from_meta(cls, meta: dict, **overrides) -> RecordLimits:
         """The limits of a store: its shapes, and the detector's class counts when its provenance has them."""
-        config = meta.get("provenance", {}).get("config", {})
+        config = (meta.get("provenance") or {}).get("config")
+        config = config if isinstance(config, dict) else {}  # provenance is free-form
         found = {
             "feature_dim": meta.get("feature_dim"),
             "max_boxes": meta.get("max_boxes"),
