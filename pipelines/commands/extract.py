@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.jobs.extract.config import JobError
     from pipelines.jobs.extract.driver import run_extract
     from pipelines.jobs.image_inputs import InputError
+    from storage import StoreError
 
     try:
         cfg = resolve_extract_config(args)
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         summary = run_extract(cfg)
-    except (InputError, JobError) as exc:
+    except (InputError, JobError, StoreError) as exc:
         log.error("%s", exc)
         return 1
     print(json.dumps(summary.__dict__, indent=2))

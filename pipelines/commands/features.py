@@ -58,13 +58,14 @@ def _info(args: argparse.Namespace) -> int:
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check that every record decodes and matches its checksum")
     p.add_argument("path", nargs="+", help="store directory (several shards are checked together)")
+    p.add_argument("--deep", action="store_true", help="also check values (finite, boxes, labels)")
     p.set_defaults(_action=_verify)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from storage.verify import verify
 
-    report = verify(args.path)
+    report = verify(args.path, deep=args.deep)
     for img_id, reason in report.bad:
         print(f"BAD {img_id}: {reason}")
     for problem in report.problems:
