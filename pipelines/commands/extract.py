@@ -224,14 +224,14 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
 
 def _parse_overrides(items: list[str]) -> dict:
     """`KEY=VALUE` strings to detector overrides, values read as YAML scalars (`0.3`, `[0.5, 1, 2]`)."""
-    import yaml
+    from pipelines.engine.config_io import parse_yaml
 
     overrides = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--set {item!r} is not of the form KEY=VALUE (e.g. --set post_nms_topk=100)")
-        overrides[key.strip()] = yaml.safe_load(text)
+        overrides[key.strip()] = parse_yaml(text, f"--set {item!r}")
     return overrides
 
 

@@ -31,6 +31,8 @@ from pipelines.jobs.extract.config import (
     JobError,
     build_kwargs,
     check_same_settings,
+    check_store_fits,
+    check_weights,
     errors_path,
     recorded_settings,
     summary_path,
@@ -57,14 +59,17 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     already = 0
     if (out / "data.mdb").is_file():
         reader = FeatureReader(out, lock=True)
-        old_settings = reader.meta.get("provenance", {}).get("extract_settings")
+        meta = reader.meta
+        old_settings = meta.get("provenance", {}).get("extract_settings")
         already = sum(1 for i in ids if i in reader)
         reader.close()
         check_same_settings(out, old_settings, recorded_settings(cfg, None))
+        check_store_fits(out, meta, cfg)
     del ids
     local = cfg.address is None and not os.environ.get("RAY_ADDRESS")
-    if local and cfg.weights is not None and not Path(cfg.weights).is_file():
-        raise InputError(f"--weights {cfg.weights} is not a file (see `xmodal convert detector`)")
+    if local and cfg.weights is not None:
+        # read once here (a second or two) so that a bad file is one line, not a replica failure under Ray
+        check_weights(cfg.weights)
 
     session = init_ray(cfg.address, include_dashboard=cfg.include_dashboard)
     slots: list[Slot] = []

@@ -695,3 +695,53 @@ def test_sigkill_mid_run_then_rerun_gives_every_image_exactly_once(ray_session, 
     assert len(reader) == KILL_N and sorted(reader.keys()) == ids
     assert (rerun.skipped, rerun.done, rerun.failed) == (before, KILL_N - before, 1)
     reader.close()
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /nonexistent/ran",))
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".pkl", ".pt"])
+def test_a_bad_weights_file_is_one_line_before_ray_starts(suffix, tmp_path):
+    import pickle
+
+    import ray
+    import torch
+
+    from pipelines.jobs.extract.driver import run_extract
+
+    images = tmp_path / "images"
+    make_images(images, 1)
+    weights = tmp_path / f"evil{suffix}"
+    if suffix == ".pkl":
+        weights.write_bytes(pickle.dumps({"model": _RunsCode()}))
+    else:
+        torch.save({"model": _RunsCode()}, weights)
+    with pytest.raises(InputError) as err:
+        run_extract(config(images, tmp_path / "f.lmdb", weights=str(weights)))
+    message = str(err.value)
+    assert "\n" not in message and f"detector checkpoint {str(weights)!r} cannot be read" in message
+    assert "system" in message  # names what it would have run
+    assert not ray.is_initialized() and not (tmp_path / "f.lmdb").exists()
+
+
+def test_a_store_of_another_shape_is_refused_before_ray_starts(tmp_path):
+    import ray
+
+    from extraction import Detector
+    from extraction.config import resolve_config
+    from pipelines.jobs.extract.driver import run_extract
+    from storage import FeatureWriter
+
+    config_, _ = resolve_config("vg-r101-c4", **{k: v for k, v in TINY.items() if "size" not in k})
+    assert config_.feature_dim == Detector.build(**TINY).feature_dim == 2048
+    images = tmp_path / "images"
+    make_images(images, 1)
+    store = tmp_path / "f.lmdb"
+    FeatureWriter(store, feature_dim=64, max_boxes=BOXES, dtype="float16").close()
+    with pytest.raises(
+        InputError, match=r"f\.lmdb holds records of another shape: feature_dim 64 \(this job: 2048\)"
+    ):
+        run_extract(config(images, store))
+    assert not ray.is_initialized()
