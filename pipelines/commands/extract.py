@@ -105,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + default("startup_timeout"),
     )
     ray_group.add_argument(
+        "--decode-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="skip (and log) an image not read and decoded within this long " + default("decode_timeout"),
+    )
+    ray_group.add_argument(
         "--max-failures",
         type=int,
         help=f"failed images tolerated before the exit status is 2 {default('max_failures')}",
@@ -136,6 +142,7 @@ def resolve_extract_config(args: argparse.Namespace):
         "cpus_per_worker": args.cpus_per_worker,
         "address": args.address,
         "startup_timeout": args.startup_timeout,
+        "decode_timeout": args.decode_timeout,
         "max_failures": args.max_failures,
         "progress": args.progress,
     }
@@ -170,8 +177,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 1
-    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or cfg.startup_timeout <= 0:
-        log.error("--batch-size and --workers must be at least 1, --startup-timeout above 0")
+    timeouts = min(cfg.startup_timeout, cfg.decode_timeout)
+    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or timeouts <= 0:
+        log.error(
+            "--batch-size and --workers must be at least 1, --startup-timeout and --decode-timeout above 0"
+        )
         return 1
     try:
         summary = run_extract(cfg)
@@ -208,6 +218,7 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         "--gpus-per-worker": args.gpus_per_worker,
         "--cpus-per-worker": args.cpus_per_worker,
         "--startup-timeout": args.startup_timeout,
+        "--decode-timeout": args.decode_timeout,
         "--max-failures": args.max_failures,
     }
     for flag, value in flags.items():

@@ -34,6 +34,7 @@ class ExtractConfig:
     max_failures: int = 0
     max_attempts: int = 3  # tries per image (a batch, then alone) before it is recorded as failed
     startup_timeout: float = 600.0  # seconds to wait for the replicas to be placed and built
+    decode_timeout: float = 60.0  # seconds to read and decode one image before it is skipped
     dtype: str = "float16"
     commit_seconds: float = 2.0  # commit at least this often, so a kill loses seconds of work
     progress: bool = True

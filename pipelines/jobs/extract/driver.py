@@ -78,7 +78,10 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
         build = build_kwargs(cfg, plan.device)
         replica_cls = ray.remote(Replica).options(num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=0)
         decoder_cls = ray.remote(Decoder).options(num_cpus=DECODE_CPUS, max_restarts=0)
-        slots = [Slot(replica_cls, decoder_cls, build, plan.threads) for _ in range(plan.workers)]
+        slots = [
+            Slot(replica_cls, decoder_cls, build, plan.threads, cfg.decode_timeout)
+            for _ in range(plan.workers)
+        ]
         try:
             infos = await_replicas(slots, plan, cfg.startup_timeout)
         except ray.exceptions.RayActorError as exc:
