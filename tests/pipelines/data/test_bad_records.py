@@ -3,6 +3,7 @@ record and the store, or with --skip-bad-records is logged and its examples drop
 
 from __future__ import annotations
 
+import json
 import logging
 import struct
 
@@ -100,3 +101,19 @@ def test_skip_bad_records_trains_on_the_rest(data, tmp_path, capsys):
     argv = ["pretrain", "--features", str(data.features), "--train", str(data.train), "--skip-bad-records"]
     argv += ["--vocab", str(data.vocab), "--out", str(out), "--max-steps", "2", "--batch-size", "4"]
     assert xmodal(argv + tiny_run_overrides()) == 0
+
+
+def test_finetune_names_the_bad_record_or_skips_its_questions(data, tmp_path, capsys):
+    rows = [
+        {"question_id": i, "img_id": img_id, "sent": "what color?", "label": {"red": 1.0}}
+        for i, img_id in enumerate(data.ids[:8])
+    ]
+    train = tmp_path / "vqa.json"
+    train.write_text(json.dumps(rows))
+    argv = ["finetune", "vqa", "--features", str(data.features), "--train", str(train)]
+    argv += ["--vocab", str(data.vocab), "--out", str(tmp_path / "run"), "--max-steps", "1"]
+    argv += ["task.preset=tiny", "train.loader_workers=0", "task.model={visual_feat_dim: 32}"]
+    assert xmodal(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("xmodal finetune: record 'img0001' of store ") and "\n" not in err
+    assert xmodal([*argv, "--skip-bad-records", "--batch-size", "2"]) == 0
