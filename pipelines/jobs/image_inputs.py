@@ -38,13 +38,14 @@ def iter_images(
 ) -> Iterator[ImageInput]:
     """Yield the images of every source in a stable order, without holding the listing.
 
-    A folder gives its image files (by suffix, hidden files skipped; sub-folders with `recursive`, symlinked
-    ones followed, each folder listed once: a link back into a folder already listed is a loop, skipped
-    with a warning); a .txt/.lst/.list file gives one path per line (relative to the list's folder; blank
-    lines and `#` comments skipped); any other file is one image. Ids are file stems, or with
-    `id_from="relpath"` the path relative to the folder or list it came from (POSIX separators, suffix
-    kept); non-UTF-8 names are escaped (see the module docstring). What the files hold is not looked at
-    here: a FIFO or a device named like an image is refused when it is read (`extraction.load_image`).
+    A folder gives its image files (by suffix, hidden files skipped; with `recursive` its sub-folders by
+    name, then the symlinked ones, each folder listed once: a link to a folder already listed, a loop
+    for one, is skipped with a warning); a .txt/.lst/.list file gives one path per line (relative to the
+    list's folder; blank lines and `#` comments skipped); any other file is one image. Ids are file
+    stems, or with `id_from="relpath"` the path relative to the folder or list it came from (POSIX
+    separators, suffix kept); non-UTF-8 names are escaped (see the module docstring). What the files hold
+    is not looked at here: a FIFO or a device named like an image is refused when it is read
+    (`extraction.load_image`).
     """
     if id_from not in ID_RULES:
         raise ValueError(f"id_from must be one of {ID_RULES}, got {id_from!r}")
@@ -131,7 +132,8 @@ def _walk_folder(folder: Path, recursive: bool, seen: set[tuple[int, int]]) -> I
             yield Path(entry.path)
     if not recursive:
         return
-    for entry in subdirs:
+    # real folders before symlinked ones: a link to a sibling is then the one skipped as listed already
+    for entry in sorted(subdirs, key=lambda e: e.is_symlink()):
         try:
             info = os.stat(entry.path)  # the folder a link leads to
         except OSError as exc:
@@ -139,7 +141,7 @@ def _walk_folder(folder: Path, recursive: bool, seen: set[tuple[int, int]]) -> I
             continue
         if (info.st_dev, info.st_ino) in seen:
             log.warning(
-                "skipping symlinked folder %r: it leads to %r, already listed (a loop or a second link)",
+                "skipping folder %r: it leads to %r, already listed (a symlink loop or a second link)",
                 entry.path,
                 os.path.realpath(entry.path),
             )

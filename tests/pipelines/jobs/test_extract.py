@@ -193,10 +193,10 @@ def test_symlinked_folders_are_followed_once_and_loops_are_warned(tmp_path, capl
     make_images(tmp_path / "elsewhere", 1, seed=1)
     os.symlink(tmp_path / "elsewhere", tmp_path / "root" / "linked")
     os.symlink(tmp_path / "root", tmp_path / "root" / "real" / "back")  # a loop
-    os.symlink(tmp_path / "root" / "real", tmp_path / "root" / "twice")  # a folder already listed
+    os.symlink(tmp_path / "root" / "real", tmp_path / "root" / "also")  # a second way to a folder
     ids = [i.img_id for i in iter_images([tmp_path / "root"], recursive=True, id_from="relpath")]
-    assert ids == ["linked/img_000.png", "real/img_000.png"]
-    assert "root/real/back" in caplog.text and "root/twice" in caplog.text and "already listed" in caplog.text
+    assert ids == ["real/img_000.png", "linked/img_000.png"]  # real sub-folders first, then links
+    assert "root/real/back" in caplog.text and "root/also" in caplog.text and "already listed" in caplog.text
     assert list(iter_images([tmp_path / "root"])) == []  # without --recursive no folder is entered
 
 
