@@ -251,4 +251,8 @@ def _submit_self(args: argparse.Namespace) -> int:
 
     argv = cluster_argv(args)
     log.info("submitting to %s: xmodal %s", args.address, shlex.join(argv))
-    return submit_job(args.address, argv)
+    try:
+        return submit_job(args.address, argv)
+    except (ConnectionError, FileNotFoundError, ValueError) as exc:  # as `xmodal submit` reports them
+        log.error("%s", exc)
+        return 1
