@@ -62,11 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines.jobs.home import private_home
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        private_home()  # before Ray or a cache writes under ~
+    except PermissionError as exc:
+        print(f"xmodal: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return int(args._run(args) or 0)
 
 

@@ -94,13 +94,14 @@ def _ls(args: argparse.Namespace) -> int:
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check that every record decodes and matches its checksum")
     p.add_argument("path", nargs="+", help="store directory (several shards are checked together)")
+    p.add_argument("--deep", action="store_true", help="also check values (finite, boxes, labels)")
     p.set_defaults(_action=_verify)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from storage.verify import verify
 
-    report = verify(args.path)
+    report = verify(args.path, deep=args.deep)
     for img_id, reason in report.bad:
         print(f"BAD {img_id}: {reason}")
     for problem in report.problems:
@@ -200,13 +201,19 @@ def _add_merge(sub) -> None:
     p.add_argument("src", nargs="+", help="source stores (a single one is copied and checked)")
     p.add_argument("dst", help="destination store (created, or appended to after an interrupted merge)")
     p.add_argument("--first-wins", action="store_true", help="for ids in several sources keep the first copy")
+    p.add_argument(
+        "--salvage",
+        action="store_true",
+        help="copy what damaged sources still hold, logging each broken page and corrupt record left out "
+        "(re-extract those ids: extraction skips the stored ones)",
+    )
     p.set_defaults(_action=_merge)
 
 
 def _merge(args: argparse.Namespace) -> int:
     from storage.merge import merge_stores
 
-    written = merge_stores(args.src, args.dst, first_wins=args.first_wins)
+    written = merge_stores(args.src, args.dst, first_wins=args.first_wins, salvage=args.salvage)
     print(f"{args.dst}: {written} records written from {len(args.src)} sources")
     return 0
 

@@ -20,7 +20,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipelines.engine import config_io
-from pipelines.engine.checkpoints import STATE_FILE, latest_checkpoint, prune, replace_dir, step_dir
+from pipelines.engine.checkpoints import (
+    STATE_FILE,
+    latest_checkpoint,
+    prune,
+    read_state,
+    replace_dir,
+    step_dir,
+)
 from pipelines.engine.optimizers import build_optimizer
 from pipelines.engine.run_log import RunLog
 
@@ -163,7 +170,7 @@ class TrainingRun:
         if latest is None:
             log.warning("resume requested but %s holds no checkpoint: starting from step 0", self.ckpt_root)
             return
-        state = torch.load(latest / STATE_FILE, map_location=self.device, weights_only=True)
+        state = read_state(latest / STATE_FILE, self.device)
         if state["micro_batch"] * state["world"] * state["grad_accum"] != self.cfg.batch_size:
             raise ValueError(
                 f"{latest}: saved with batch_size {state['batch_size']}, now {self.cfg.batch_size}"

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 
 from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, read_config
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
@@ -62,6 +63,7 @@ class FinetuneConfig:
     seed_answer_head: bool = True
     max_length: int = 20
     skip_missing: bool = False  # drop examples whose images are not in the store instead of failing
+    skip_bad_records: bool = False  # drop examples reading records that fail storage.validate
 
 
 @dataclass
@@ -200,6 +202,7 @@ class FinetuneTask:
             examples = kept
         else:
             check_images(examples, self.features, f"{what} ({', '.join(files)})")
+        examples = drop_bad(examples, _images_of, self.features, self.config.skip_bad_records, what)
         if not examples:
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable example")
         return examples
@@ -308,6 +311,10 @@ def _family(cfg: FinetuneConfig):
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The model's keyword inputs out of a collated batch."""
     return {k: batch[k] for k in MODEL_INPUTS}
+
+
+def _images_of(example: Example) -> tuple[str, ...]:
+    return example.images
 
 
 def _saved_model_config(directory: Path) -> dict:

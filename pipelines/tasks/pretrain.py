@@ -16,6 +16,7 @@ import torch
 
 from model import get_family
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.bad_records import drop_bad
 from pipelines.data.masking import MaskingConfig, PretrainCollator
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
 from pipelines.data.text import load_tokenizer, save_tokenizer, write_vocab
@@ -71,6 +72,9 @@ class PretrainConfig:
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
     skip_missing: bool = False
+    skip_bad_records: bool = (
+        False  # drop the sentences of records failing storage.validate instead of failing
+    )
     arch: str = "lxmert"  # the model family (model.architectures.FAMILIES)
     vocab: str = "bert-base-uncased"  # a vocab.txt, a directory holding one, or a hub id
     preset: str = "base"
@@ -139,6 +143,10 @@ class PretrainTask:
             valid = check_image_ids(
                 read_pretrain_json(cfg.valid_files), self.features, cfg.valid_files, cfg.skip_missing
             )
+        train = drop_bad(train, _image_of, self.features, cfg.skip_bad_records, "training sentences")
+        valid = drop_bad(valid, _image_of, self.features, cfg.skip_bad_records, "validation sentences")
+        if not train:
+            raise ValueError(f"no usable training sentence is left in {', '.join(cfg.train_files)}")
         if answers is None:
             if cfg.answers:
                 answers = AnswerTable.load(cfg.answers)
@@ -264,6 +272,10 @@ class PretrainTask:
     # ----
     def _answer_labels(self, examples: list[PretrainExample]) -> list[tuple[tuple[int, float], ...]]:
         return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
+
+
+def _image_of(example: PretrainExample) -> tuple[str]:
+    return (example.img_id,)
 
 
 def _predicted_answer_scores(model: torch.nn.Module, batch: dict) -> torch.Tensor:
