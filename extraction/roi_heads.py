@@ -52,8 +52,9 @@ class Res5ROIHeads(nn.Module):
     def forward(self, features: torch.Tensor, boxes: torch.Tensor) -> RoIOutputs:
         """One image's res4 map (1, C, H, W) and its proposals (R, 4) in input pixels."""
         rois = torch.cat([boxes.new_zeros((boxes.shape[0], 1)), boxes], dim=1)
-        # pooled in float32: box coordinates lose pixels in fp16, and max-pooling is exact anyway
-        x = self.pooler(features.float(), rois.float())
+        # pooled in float32 (box coordinates lose pixels in fp16, and max-pooling is exact anyway) from an
+        # NCHW copy of the small res4 map: RoIPool reads channels-last several times slower
+        x = self.pooler(features.float().contiguous(), rois.float())
         x = self.res5(x.contiguous(memory_format=torch.channels_last)).mean(dim=(2, 3), dtype=torch.float32)
         # the predictor is ~1 % of the work: float32 keeps labels and box deltas at full precision
         with torch.autocast(x.device.type, enabled=False):
