@@ -19,6 +19,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("finetune", "fine-tune on VQA, GQA or NLVR2"),
     ("evaluate", "evaluate a fine-tuned checkpoint and write prediction files"),
     ("ask", "ask a question about one image"),
+    ("serve", "a web page and JSON API answering questions about uploaded images"),
     ("demo", "run the whole pipeline on generated data"),
 )
 
