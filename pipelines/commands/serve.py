@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.apps.serve.app import ServeConfig
+    from pipelines.apps.serve.config import ServeConfig
 
     d = ServeConfig()
     parser.add_argument("--checkpoint", required=True, help="fine-tuned VQA/GQA directory (runs/vqa/best)")
@@ -69,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from pipelines.apps.serve import ServeConfig, create_app, load_backend
+    from pipelines.apps.serve import backend as models
+    from pipelines.apps.serve.app import create_app
+    from pipelines.apps.serve.config import ServeConfig
 
     try:
         config = ServeConfig(
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             max_upload_mb=args.max_upload_mb,
             top_k=args.top_k,
         )
-        backend = load_backend(
+        backend = models.load_backend(
             args.checkpoint,
             args.detector,
             args.device,

@@ -79,7 +79,8 @@ function draw() {
     ctx.strokeRect(x1, y1, x2 - x1, y2 - y1);
     drawn += 1;
     if (rank >= 0 || i === state.highlight) {
-      const text = rank >= 0 ? `#${rank + 1} ${region.label} ${region.attention.toFixed(2)}` : region.label;
+      // the rank alone on attended boxes (their labels are listed beside): overlapping boxes stay legible
+      const text = rank >= 0 ? `#${rank + 1} ${region.attention.toFixed(2)}` : region.label;
       ctx.font = "13px system-ui, sans-serif";
       const w = ctx.measureText(text).width + 6;
       const y = Math.max(y1, 16);

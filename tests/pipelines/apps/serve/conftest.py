@@ -14,7 +14,7 @@ import torch
 import uvicorn
 from PIL import Image, ImageDraw
 
-from pipelines.apps.serve import Backend, load_backend
+from pipelines.apps.serve.backend import Backend, load_backend
 
 from .tiny_models import write_tiny_checkpoint
 

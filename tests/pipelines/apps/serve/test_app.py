@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import requests
 
-from pipelines.apps.serve import Backend, ServeConfig, create_app
-from pipelines.apps.serve.app import STATIC_DIR
+from pipelines.apps.serve.app import STATIC_DIR, create_app
+from pipelines.apps.serve.backend import Backend
+from pipelines.apps.serve.config import ServeConfig
 from pipelines.ask import ask
 
 from .conftest import decoded, scene_png, serving
