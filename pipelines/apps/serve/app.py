@@ -120,7 +120,6 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
 
     @app.get("/api/health")
     async def health() -> dict:
-        sizes = service.detector.batch_sizes
         return {
             "status": "ok",
             **backend.describe(),
@@ -129,8 +128,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             "batching": {
                 "max_batch": config.max_batch,
                 "max_wait_ms": config.max_wait_ms,
-                "detector_calls": len(sizes),
-                "images": sum(sizes),
+                "detector_calls": service.detector.calls,
+                "images": service.detector.items,
             },
         }
 

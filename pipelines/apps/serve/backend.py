@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +10,6 @@ import numpy as np
 from pipelines.ask import ask, build_detector
 from pipelines.finetune import Finetuned, load_finetuned
 from storage import RegionFeatures
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

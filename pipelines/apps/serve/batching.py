@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Generic, TypeVar
@@ -34,7 +35,9 @@ class Batcher(Generic[T, R]):
         self.fn = fn
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self.batch_sizes: list[int] = []  # of every call made, for tests and the health endpoint
+        self.calls = 0
+        self.items = 0
+        self.recent_sizes: deque[int] = deque(maxlen=1000)  # batch sizes of the latest calls
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -81,7 +84,9 @@ class Batcher(Generic[T, R]):
         return batch, False
 
     def _run(self, live: list) -> None:
-        self.batch_sizes.append(len(live))
+        self.calls += 1
+        self.items += len(live)
+        self.recent_sizes.append(len(live))
         try:
             results = self.fn([item for item, _ in live])
             if len(results) != len(live):

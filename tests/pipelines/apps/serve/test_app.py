@@ -17,6 +17,7 @@ from pipelines.apps.serve.app import STATIC_DIR, create_app
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.ask import ask
+from storage import RegionFeatures
 
 from .conftest import decoded, scene_png, serving
 from .tiny_models import ANSWERS, BOXES
@@ -217,7 +218,10 @@ def test_requests_beyond_the_bound_get_503_while_those_admitted_share_a_detector
         gated.gate.set()
         responses = [first.result(120)] + [f.result(120) for f in queued]
         assert [r.status_code for r in responses] == [200, 200, 200]
-        assert app.state.service.detector.batch_sizes == [1, 2]  # the two queued images shared one call
+        assert list(app.state.service.detector.recent_sizes) == [
+            1,
+            2,
+        ]  # the two queued images shared one call
         for body in (r.json() for r in responses):
             np.testing.assert_allclose([r["box"] for r in body["regions"]], reference.boxes, atol=0.01)
         assert pending(base) == 0
@@ -234,4 +238,30 @@ def test_requests_time_out_with_a_json_504_and_queued_work_is_dropped(backend):
             assert response.status_code == 504
             assert "timed out after 0.5 s waiting for the models" in response.json()["error"]
         gated.gate.set()
-    assert app.state.service.detector.batch_sizes == [1]  # the timed-out queued request never ran
+    assert list(app.state.service.detector.recent_sizes) == [1]  # the timed-out queued request never ran
+
+
+class Faulty(Backend):
+    """The real model behind a detector that finds nothing in 'blank.png' and breaks on 'broken.png'."""
+
+    def __init__(self, backend: Backend):
+        super().__init__(backend.tuned, backend.detector, backend.checkpoint)
+
+    def detect(self, images, ids):
+        if "broken.png" in ids:
+            raise RuntimeError("CUDA error: device-side assert")
+        empty = np.zeros((0, 4), np.float32), np.zeros((0, 2048), np.float32)
+        none = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        return [RegionFeatures(name, 96, 120, *empty, *none, *none) for name in ids]
+
+
+def test_the_models_refusals_are_422_and_failures_500_both_as_json(backend):
+    with serving(create_app(Faulty(backend))) as base:
+        refused = post(base, "/api/ask", scene_png(), name="blank.png", question=QUESTION)
+        assert refused.status_code == 422
+        assert refused.json() == {"error": "the detector found no region in 'blank.png'; nothing to look at"}
+        failed = post(base, "/api/regions", scene_png(), name="broken.png")
+        assert failed.status_code == 500
+        assert failed.json() == {
+            "error": "internal error (RuntimeError: CUDA error: device-side assert); see the server log"
+        }

@@ -37,7 +37,7 @@ def test_items_queued_behind_a_running_call_share_the_next_calls_up_to_max_batch
     fn.release.set()
     assert [f.result(10) for f in [first, *rest]] == [10, 20, 30, 40, 50]
     assert fn.calls == [[1], [2, 3, 4], [5]]
-    assert batcher.batch_sizes == [1, 3, 1]
+    assert list(batcher.recent_sizes) == [1, 3, 1] and (batcher.calls, batcher.items) == (3, 5)
     batcher.close()
 
 
