@@ -1,0 +1,77 @@
+"""`LxmertConfig`: the sizes and regularisation of an LXMERT model, with named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass
+class LxmertConfig:
+    """Hyper-parameters of LXMERT; defaults are the released base model (SPEC §2)."""
+
+    # Named configurations for `preset`: field overrides of the defaults below.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # The released model: BERT-base sizes, 9 language / 5 object / 5 cross layers, 9500 answers.
+        "base": {},
+        # Small enough for unit tests and the demo on a laptop CPU.
+        "tiny": {
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "l_layers": 2,
+            "r_layers": 1,
+            "x_layers": 1,
+        },
+    }
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    l_layers: int = 9
+    r_layers: int = 5
+    x_layers: int = 5
+    visual_feat_dim: int = 2048
+    visual_pos_dim: int = 4
+    num_object_labels: int = 1600
+    num_attr_labels: int = 400
+    num_qa_labels: int = 9500
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    visual_loss_scale: float = 1 / 0.15
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}; pick sizes that divide"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> LxmertConfig:
+        """A named configuration ("base" or "tiny") with any field overridden."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown LXMERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LxmertConfig:
+        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown LxmertConfig field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
