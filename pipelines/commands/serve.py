@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"xmodal serve: {exc}", file=sys.stderr)
-        return 2
+        return 1
     if not _is_loopback(config.host):
         log.warning("listening on %s: anyone who can reach this address can use the server", config.host)
     log.info("open http://%s:%d/ in a browser", config.host, config.port)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.ask import ask, build_detector
-from pipelines.finetune import Finetuned, load_finetuned
+from pipelines.apps.ask import ask, build_detector
+from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
 
 

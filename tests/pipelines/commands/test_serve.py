@@ -67,6 +67,6 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
     ],
 )
 def test_bad_options_end_in_one_line(tmp_path, capsys, extra, message):
-    assert main(["serve", "--checkpoint", str(tmp_path), *extra]) == 2
+    assert main(["serve", "--checkpoint", str(tmp_path), *extra]) == 1
     err = capsys.readouterr().err
     assert err.startswith("xmodal serve: ") and message in err and "Traceback" not in err

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import requests
 
+from pipelines.apps.ask import ask
 from pipelines.apps.serve.app import STATIC_DIR, create_app
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
-from pipelines.ask import ask
 from storage import RegionFeatures
 
 from .conftest import decoded, scene_png, serving

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.finetune import FinetuneConfig, FinetuneTask
+from pipelines.tasks.finetune import FinetuneConfig
+from pipelines.tasks.finetuned import build_task
 from storage import FeatureWriter, RegionFeatures
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "what", "color", "is", "the", "square", "?"]
@@ -26,7 +27,7 @@ PROVENANCE = {
 
 
 def write_tiny_checkpoint(root: Path) -> Path:
-    """`root/best`, as `FinetuneTask.save` writes it, over a two-image store of random regions."""
+    """`root/best`, as a fine-tuning task's `save` writes it, over a two-image store of random regions."""
     rng = np.random.default_rng(0)
     with FeatureWriter(root / "feats.lmdb", feature_dim=2048, max_boxes=BOXES, meta=PROVENANCE) as writer:
         for i in range(2):
@@ -49,7 +50,7 @@ def write_tiny_checkpoint(root: Path) -> Path:
         preset="tiny",
         vocab=str(root / "vocab.txt"),
     )
-    task = FinetuneTask(cfg)
+    task = build_task(cfg)
     torch.manual_seed(0)
     task.save(task.build_model(), root / "best")
     return root / "best"
