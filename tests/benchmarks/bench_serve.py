@@ -1,11 +1,13 @@
 """Benchmark: `xmodal serve` requests/s and latency percentiles, detector batching on vs off.
 
-Starts `xmodal serve` in a child process (a tiny random-weight VQA model, the random-weight VG detector at
-the checkpoint's recorded 96 px input, small generated images) once with `--max-batch 1` (off) and once
-with `--max-batch 8 --max-wait-ms 5` (on); clients post `POST /api/ask` from 1 and 4 threads for a fixed
-time each. Prints a table and one JSON line; `ratio` = batched ÷ unbatched requests/s at each concurrency.
+Starts two `xmodal serve` child processes (a tiny random-weight VQA model, the random-weight VG detector
+at the checkpoint's recorded 96 px input, small generated images): one with `--max-batch 1` (batching
+off), one with `--max-batch 8 --max-wait-ms 5` (on). Clients post `POST /api/ask` from 1 and 4 threads
+for a fixed time per cell, split into rounds in which the two servers take turns, so that the machine's
+changing load hits both alike. Prints a table and one JSON line; `ratio` = batched ÷ unbatched
+requests/s at each concurrency.
 
-    .venv/bin/python tests/benchmarks/bench_serve.py                 # 15 s per cell, about 1.5 min
+    .venv/bin/python tests/benchmarks/bench_serve.py                 # 20 s per cell, about 2 min
     .venv/bin/python tests/benchmarks/bench_serve.py --seconds 5     # quicker, noisier
     .venv/bin/python tests/benchmarks/bench_serve.py --device cuda --min-size 600 --max-size 1000
 """
@@ -94,8 +96,8 @@ def start_server(checkpoint: Path, mode: str, args, log_path: Path) -> tuple[sub
     raise SystemExit(f"the server did not start in 300 s:\n{log_path.read_text()[-3000:]}")
 
 
-def load(url: str, images: list[bytes], clients: int, seconds: float) -> dict:
-    """`clients` threads posting questions back to back for `seconds`; requests/s and latency percentiles."""
+def load(url: str, images: list[bytes], clients: int, seconds: float) -> tuple[list[float], float]:
+    """`clients` threads posting questions back to back for `seconds`: each latency (s) and the wall time."""
     latencies: list[float] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -119,9 +121,17 @@ def load(url: str, images: list[bytes], clients: int, seconds: float) -> dict:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - began
     if failures:
         raise SystemExit(f"{len(failures)} requests failed, e.g. {failures[0]}")
+    return latencies, time.perf_counter() - began
+
+
+def detector_counts(url: str) -> tuple[int, int]:
+    batching = requests.get(url + "/api/health", timeout=10).json()["batching"]
+    return batching["detector_calls"], batching["images"]
+
+
+def summary(latencies: list[float], wall: float, calls: int, images: int) -> dict:
     ms = np.array(latencies) * 1000
     return {
         "requests": len(latencies),
@@ -129,6 +139,7 @@ def load(url: str, images: list[bytes], clients: int, seconds: float) -> dict:
         "p50_ms": float(np.percentile(ms, 50)),
         "p90_ms": float(np.percentile(ms, 90)),
         "p99_ms": float(np.percentile(ms, 99)),
+        "mean_batch": images / max(calls, 1),
     }
 
 
@@ -136,7 +147,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=15.0, help="load time per cell (default: 15)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="load time per cell (default: 20)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds the time is split into")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--min-size", type=int, help="detector input shortest side (default: recorded, 96)")
     parser.add_argument("--max-size", type=int, help="detector input longest side (default: recorded, 128)")
@@ -146,25 +158,35 @@ def main() -> None:
     args = parser.parse_args()
 
     images = scenes(16, args.width, args.height)
-    load_before = os.getloadavg()[0]  # other work on the machine slows every cell alike
-    rows: dict[str, dict[int, dict]] = {}
+    load_before = os.getloadavg()[0]
+    cells = {
+        (m, c): {"latencies": [], "wall": 0.0, "calls": 0, "images": 0}
+        for m in MODES
+        for c in args.concurrency
+    }
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = write_tiny_checkpoint(Path(tmp))
-        for mode in MODES:
-            proc, url = start_server(checkpoint, mode, args, Path(tmp) / f"server-{mode}.log")
-            try:
+        servers = {m: start_server(checkpoint, m, args, Path(tmp) / f"server-{m}.log") for m in MODES}
+        try:
+            for _, url in servers.values():
                 for _ in range(2):  # warm-up: first-call costs (allocator, lazy initialisation)
                     requests.post(url + "/api/ask", files={"image": images[0]}, data={"question": "what?"})
-                rows[mode] = {}
+            for _ in range(args.rounds):
                 for c in args.concurrency:
-                    before = requests.get(url + "/api/health").json()["batching"]
-                    rows[mode][c] = load(url, images, c, args.seconds)
-                    after = requests.get(url + "/api/health").json()["batching"]
-                    calls = after["detector_calls"] - before["detector_calls"]
-                    rows[mode][c]["mean_batch"] = (after["images"] - before["images"]) / max(calls, 1)
-            finally:
+                    for mode, (_, url) in servers.items():
+                        calls, done = detector_counts(url)
+                        latencies, wall = load(url, images, c, args.seconds / args.rounds)
+                        calls_after, done_after = detector_counts(url)
+                        cell = cells[mode, c]
+                        cell["latencies"] += latencies
+                        cell["wall"] += wall
+                        cell["calls"] += calls_after - calls
+                        cell["images"] += done_after - done
+        finally:
+            for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait(30)
+    rows = {mode: {c: summary(**cells[mode, c]) for c in args.concurrency} for mode in MODES}
 
     print(
         f"{'batching':>8} {'clients':>7} {'requests':>8} {'req/s':>7} "
@@ -186,6 +208,7 @@ def main() -> None:
                 "device": args.device,
                 "image": [args.width, args.height],
                 "seconds": args.seconds,
+                "rounds": args.rounds,
                 "cpus": os.cpu_count(),
                 "load_before": load_before,
                 "python": platform.python_version(),
