@@ -25,11 +25,14 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def backend(checkpoint) -> Backend:
+def backend(checkpoint) -> Iterator[Backend]:
     """The detector the checkpoint's features were made with (random weights, 96 px input) and the model."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models gain nothing from threads on the shared 2-core machine
     with pytest.warns(UserWarning, match="RANDOM weights"):
-        return load_backend(checkpoint)
+        loaded = load_backend(checkpoint)
+    yield loaded
+    torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
