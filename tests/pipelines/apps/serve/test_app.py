@@ -212,6 +212,7 @@ def test_requests_beyond_the_bound_get_503_while_those_admitted_share_a_detector
         assert gated.entered.wait(30)
         queued = [pool.submit(post, base, "/api/ask", scene_png(), question=QUESTION) for _ in range(2)]
         wait_until(lambda: pending(base) == 3, "three requests are in flight")
+        wait_until(lambda: app.state.service.detector.queued() == 2, "two images wait for the detector")
         refused = post(base, "/api/regions", scene_png())
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert "server busy: 3 requests are already waiting" in refused.json()["error"]
