@@ -28,6 +28,7 @@ def test_the_page_draws_the_regions_and_shows_the_answer_and_attended_regions(ba
     with serving(create_app(backend)) as url, sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.set_default_timeout(120_000)  # the detector takes seconds an image on a busy CPU
         page.route(
             "**/*",
             lambda route: (
