@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.apps.ask import ask, build_detector
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
+
+if TYPE_CHECKING:
+    from extraction import Detector
 
 
 @dataclass
@@ -26,7 +30,7 @@ class Backend:
     def __init__(
         self,
         tuned: Finetuned,
-        detector,
+        detector: Detector,
         checkpoint: str,
         object_names: list[str] | None = None,
         attr_names: list[str] | None = None,
