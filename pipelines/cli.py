@@ -20,6 +20,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("evaluate", "evaluate a fine-tuned checkpoint and write prediction files"),
     ("score", "score a prediction file against the gold answers as the official evaluators do"),
     ("ask", "ask a question about one image"),
+    ("serve", "a web page and JSON API answering questions about uploaded images"),
     ("demo", "run the whole pipeline on generated data"),
 )
 

@@ -84,6 +84,7 @@ def test_answers_rank_by_the_models_own_logits(checkpoint):
         token_type_ids=torch.zeros_like(ids),
         visual_feats=torch.from_numpy(regions.features)[None],
         visual_pos=torch.from_numpy(np.clip(regions.boxes / scale, 0, 1))[None],
+        output_attentions=True,
     )
     probs = torch.sigmoid(out.logits[0])
     order = torch.argsort(probs, descending=True)[:3]
@@ -91,6 +92,10 @@ def test_answers_rank_by_the_models_own_logits(checkpoint):
     np.testing.assert_allclose([s for _, s in result.answers], probs[order].detach().numpy(), rtol=1e-5)
     assert result.attention.shape == (6,)
     assert result.attention.sum() == pytest.approx(1.0, abs=1e-5)
+    # the attended regions are the model's own region_attention, [CLS] over regions in the last x-layer
+    np.testing.assert_allclose(result.attention, out.region_attention[0].detach().numpy(), rtol=1e-5)
+    last = out.attentions[-1][0, :, 0, :].mean(dim=0).detach().numpy()
+    np.testing.assert_allclose(result.attention, last, rtol=1e-5)
 
 
 def test_detector_settings_follow_the_recorded_extraction(checkpoint):

@@ -1,0 +1,179 @@
+"""The FastAPI application: JSON endpoints over the detector and model, the static page, errors as JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from extraction import ImageError, load_image
+from extraction.draw import region_label
+from pipelines.apps.serve.backend import Backend
+from pipelines.apps.serve.config import ServeConfig
+from pipelines.apps.serve.service import Service, ServiceError
+from pipelines.apps.serve.upload_limit import UploadLimit
+from storage import RegionFeatures
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
+    """The application serving `backend`; its workers stop when the application shuts down."""
+    config = config or ServeConfig()
+    service = Service(backend, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        service.close()
+
+    # no /docs: FastAPI's documentation page loads its scripts from a CDN and the server must work offline
+    app = FastAPI(title="xmodal", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.add_middleware(UploadLimit, max_bytes=int(config.max_upload_mb * 2**20))
+    _add_error_handlers(app)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    @app.get("/api/health")
+    async def health() -> dict:
+        return {
+            "status": "ok",
+            **backend.describe(),
+            "caption": False,
+            "queue": {"pending": service.pending, "max_pending": config.max_pending},
+            "batching": {
+                "max_batch": config.max_batch,
+                "max_wait_ms": config.max_wait_ms,
+                "detector_calls": service.detector.calls,
+                "images": service.detector.items,
+            },
+        }
+
+    @app.post("/api/regions")
+    async def regions(image: UploadFile = File(...)) -> dict:
+        with service.admitted():
+            started = time.perf_counter()
+            bgr, name = await _decode(image)
+            found = await service.run(service.regions(bgr, name))
+            return {
+                "image": _image_json(found, name),
+                "regions": [_region_json(found, i, backend) for i in range(found.num_boxes)],
+                "seconds": time.perf_counter() - started,
+            }
+
+    @app.post("/api/ask")
+    async def ask(
+        image: UploadFile = File(...), question: str = Form(...), top_k: int | None = Form(None)
+    ) -> dict:
+        question = _check_question(question, config)
+        top_k = config.top_k if top_k is None else top_k
+        if not 1 <= top_k <= 100:
+            raise ServiceError(400, f"top_k must be between 1 and 100, got {top_k}")
+        with service.admitted():
+            started = time.perf_counter()
+            bgr, name = await _decode(image)
+            found, answered = await service.run(service.ask(bgr, name, question, top_k))
+            order = np.argsort(-answered.attention, kind="stable")[: config.attended]
+            regions = [_region_json(found, i, backend) for i in range(found.num_boxes)]
+            for entry, weight in zip(regions, answered.attention.tolist(), strict=True):
+                entry["attention"] = weight
+            best, score = answered.answers[0]
+            return {
+                "question": question,
+                "answer": best,
+                "score": score,
+                "answers": [{"answer": a, "score": s} for a, s in answered.answers],
+                "image": _image_json(found, name),
+                "regions": regions,
+                "attended": [int(i) for i in order],
+                "seconds": time.perf_counter() - started,
+            }
+
+    @app.post("/api/caption")
+    async def caption() -> dict:
+        raise ServiceError(
+            501,
+            "captioning is not available on this server: this xmodal has no captioning model to load; "
+            "use /api/ask",
+        )
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as {"error": message} with its status; tracebacks stay in the server log."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        return JSONResponse(
+            {"error": f"bad request ({problems}); send multipart/form-data with the fields the API names"},
+            status_code=400,
+        )
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse(
+            {"error": f"internal error ({type(exc).__name__}: {exc}); see the server log"}, 500
+        )
+
+
+async def _decode(upload: UploadFile) -> tuple[np.ndarray, str]:
+    name = upload.filename or "upload"
+    data = await upload.read()
+    try:
+        return await run_in_threadpool(load_image, data, name), name
+    except ImageError as exc:
+        raise ServiceError(400, str(exc)) from None
+
+
+def _check_question(question: str, config: ServeConfig) -> str:
+    question = question.strip()
+    if not question:
+        raise ServiceError(400, "the question is empty; type a question about the image")
+    if len(question) > config.max_question_chars:
+        raise ServiceError(
+            400, f"the question has {len(question)} characters, above the {config.max_question_chars} limit"
+        )
+    return question
+
+
+def _image_json(regions: RegionFeatures, name: str) -> dict:
+    return {"name": name, "width": regions.img_w, "height": regions.img_h}
+
+
+def _region_json(regions: RegionFeatures, i: int, backend: Backend) -> dict:
+    return {
+        "box": [round(float(v), 2) for v in regions.boxes[i]],
+        "label": region_label(regions, i, backend.object_names, backend.attr_names),
+        "object_id": int(regions.objects_id[i]),
+        "object_score": float(regions.objects_conf[i]),
+        "attribute_id": int(regions.attrs_id[i]),
+        "attribute_score": float(regions.attrs_conf[i]),
+    }

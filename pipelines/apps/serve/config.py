@@ -1,0 +1,31 @@
+"""`ServeConfig`: where the server listens, how it batches the detector and bounds its work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeConfig:
+    """How the server listens, batches the detector and bounds its work."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 8  # images per detector call
+    max_wait_ms: float = 5.0  # how long the first queued image waits for others to join its batch
+    max_pending: int = 32  # requests waiting for or inside the models; more are refused with 503
+    timeout_s: float = 60.0  # a request waiting longer gets a 504
+    max_upload_mb: float = 20.0  # request bodies above this are refused with 413
+    top_k: int = 5  # answers returned when the request does not say
+    attended: int = 5  # regions listed as the answer's most attended
+    max_question_chars: int = 500
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_pending", "top_k", "attended", "max_question_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("timeout_s", "max_upload_mb"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_wait_ms < 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {self.max_wait_ms}")

@@ -1,0 +1,81 @@
+"""The work behind the endpoints: detector and model workers, the bound on requests in flight, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+
+from pipelines.apps.serve.backend import Answered, Backend
+from pipelines.apps.serve.batching import Batcher
+from pipelines.apps.serve.config import ServeConfig
+from storage import RegionFeatures
+
+
+class ServiceError(Exception):
+    """A request the server refuses or cannot complete: an HTTP status and a message for the JSON body."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+class Service:
+    """The detector and model workers and the bound on requests in flight."""
+
+    def __init__(self, backend: Backend, config: ServeConfig):
+        self.backend = backend
+        self.config = config
+        self.pending = 0
+        self.detector = Batcher(self._detect, config.max_batch, config.max_wait_ms / 1000, "xmodal-detector")
+        self.model = Batcher(self._answer, 1, 0.0, "xmodal-model")
+
+    def _detect(self, items: list[tuple[np.ndarray, str]]) -> list[RegionFeatures]:
+        return self.backend.detect([image for image, _ in items], [name for _, name in items])
+
+    def _answer(self, items: list[tuple[RegionFeatures, str, int]]) -> list[Answered]:
+        return [self.backend.answer(regions, question, top_k) for regions, question, top_k in items]
+
+    @contextlib.contextmanager
+    def admitted(self):
+        """Count the request in flight, or refuse it when `max_pending` already are."""
+        if self.pending >= self.config.max_pending:
+            raise ServiceError(
+                503,
+                f"server busy: {self.pending} requests are already waiting for the models "
+                f"(--max-pending {self.config.max_pending}); retry shortly",
+                {"Retry-After": "1"},
+            )
+        self.pending += 1
+        try:
+            yield
+        finally:
+            self.pending -= 1
+
+    async def run(self, work):
+        """Await `work` within the timeout; queued model calls of a timed-out request are dropped."""
+        try:
+            return await asyncio.wait_for(work, self.config.timeout_s)
+        except asyncio.TimeoutError:
+            raise ServiceError(
+                504,
+                f"timed out after {self.config.timeout_s:g} s waiting for the models "
+                f"({self.pending} requests in flight); retry later or raise --timeout",
+            ) from None
+        except ValueError as exc:  # the ask app's refusals: no region found, feature width
+            raise ServiceError(422, str(exc)) from None
+
+    async def regions(self, image: np.ndarray, name: str) -> RegionFeatures:
+        return await asyncio.wrap_future(self.detector.submit((image, name)))
+
+    async def ask(self, image: np.ndarray, name: str, question: str, top_k: int):
+        regions = await self.regions(image, name)
+        answered = await asyncio.wrap_future(self.model.submit((regions, question, top_k)))
+        return regions, answered
+
+    def close(self) -> None:
+        self.detector.close()
+        self.model.close()

@@ -1,0 +1,70 @@
+"""Fixtures for the server tests: a tiny fine-tuned checkpoint, its backend, and a server on a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import uvicorn
+from PIL import Image, ImageDraw
+
+from pipelines.apps.serve.backend import Backend, load_backend
+
+from .tiny_models import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("serve"))
+
+
+@pytest.fixture(scope="session")
+def backend(checkpoint) -> Iterator[Backend]:
+    """The detector the checkpoint's features were made with (random weights, 96 px input) and the model."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models gain nothing from threads on the shared 2-core machine
+    with pytest.warns(UserWarning, match="RANDOM weights"):
+        loaded = load_backend(checkpoint)
+    yield loaded
+    torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """Run `app` with uvicorn on a free loopback port in a thread; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def scene_png(width: int = 120, height: int = 96, shift: int = 0) -> bytes:
+    """A grey picture with a red square and a blue disc, PNG-encoded."""
+    img = Image.new("RGB", (width, height), (200, 200, 200))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle((10 + shift, 10, 50 + shift, 50), fill=(220, 30, 30))
+    draw.ellipse((60, 40, 110, 90), fill=(30, 60, 220))
+    out = io.BytesIO()
+    img.save(out, format="PNG")
+    return out.getvalue()
+
+
+def decoded(png: bytes) -> np.ndarray:
+    """The BGR array the server decodes from `png`."""
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))[:, :, ::-1].copy()

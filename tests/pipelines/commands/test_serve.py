@@ -1,0 +1,72 @@
+"""`xmodal serve` options reach the backend, the server settings and uvicorn; bad ones end in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+import pipelines.apps.serve.backend
+from pipelines.cli import main
+
+
+def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
+    loaded, served = {}, {}
+
+    def load_backend(checkpoint, detector, device, vocab, **overrides):
+        loaded.update(checkpoint=checkpoint, detector=detector, device=device, vocab=vocab, **overrides)
+        return object()
+
+    def run(app, host, port, log_level):
+        served.update(app=app, host=host, port=port)
+
+    monkeypatch.setattr(pipelines.apps.serve.backend, "load_backend", load_backend)
+    monkeypatch.setattr("uvicorn.run", run)
+    argv = [
+        "serve",
+        "--checkpoint",
+        "runs/vqa/best",
+        "--detector",
+        "det.pkl",
+        "--vocab",
+        "vg",
+        "--port",
+        "8123",
+    ]
+    argv += [
+        "--min-size",
+        "300",
+        "--max-batch",
+        "4",
+        "--max-wait-ms",
+        "2",
+        "--max-pending",
+        "7",
+        "--timeout",
+        "9",
+    ]
+    assert main(argv) == 0
+    assert loaded == {
+        "checkpoint": "runs/vqa/best",
+        "detector": "det.pkl",
+        "device": "cpu",
+        "vocab": "vg",
+        "min_size": 300,
+        "max_size": None,
+    }
+    assert (served["host"], served["port"]) == ("127.0.0.1", 8123)  # loopback unless asked otherwise
+    config = served["app"].state.service.config
+    assert (config.max_batch, config.max_wait_ms, config.max_pending, config.timeout_s) == (4, 2.0, 7, 9.0)
+    served["app"].state.service.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "is not a fine-tuned directory"),
+        (["--max-batch", "0"], "max_batch must be >= 1, got 0"),
+        (["--timeout", "0"], "timeout_s must be > 0, got 0.0"),
+    ],
+)
+def test_bad_options_end_in_one_line(tmp_path, capsys, extra, message):
+    assert main(["serve", "--checkpoint", str(tmp_path), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("xmodal serve: ") and message in err and "Traceback" not in err
