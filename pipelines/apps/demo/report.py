@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
 
+from extraction.draw import Drawing
 from storage import RegionFeatures
 
 TASK_LOSSES = ("mlm", "matched", "obj", "attr", "feat", "qa")
-BOX_COLOURS = ((255, 0, 255), (0, 255, 255), (255, 128, 0), (0, 255, 0), (255, 255, 255), (255, 0, 0))
 
 
 @dataclass
@@ -38,28 +37,32 @@ class ReportInputs:
     curves: Mapping[str, Path] = field(default_factory=dict)  # run name -> metrics.jsonl
     ask: AskResult | None = None
     object_names: Sequence[str] | None = None
+    attr_names: Sequence[str] | None = None
     commands: Sequence[str] = ()
 
 
 def draw_detections(
-    image_path: Path, rec: RegionFeatures, out_png: Path, top: int = 10, names: Sequence[str] | None = None
-) -> Path:
-    """The `top` most confident regions of `rec` over its image, scaled up so small images stay legible."""
-    img = Image.open(image_path).convert("RGB")
-    scale = max(1, round(384 / max(img.size)))
-    img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
-    draw = ImageDraw.Draw(img)
+    image_path: Path,
+    rec: RegionFeatures,
+    out_png: Path,
+    top: int = 10,
+    names: Sequence[str] | None = None,
+    attr_names: Sequence[str] | None = None,
+) -> Drawing:
+    """The `top` most confident regions of `rec` over its image, labelled "attribute object confidence",
+    at a legible size (small images enlarged); written to `out_png`."""
+    import cv2
+
+    from extraction import load_image
+    from extraction.draw import draw_regions
+
     order = np.argsort(-rec.objects_conf, kind="stable")[:top]
-    for rank, i in enumerate(order):
-        colour = BOX_COLOURS[rank % len(BOX_COLOURS)]
-        x1, y1, x2, y2 = (float(v) * scale for v in rec.boxes[i])
-        draw.rectangle((x1, y1, x2, y2), outline=colour, width=2)
-        obj = int(rec.objects_id[i])
-        label = names[obj] if names is not None and 0 <= obj < len(names) else f"obj {obj}"
-        draw.text((x1 + 3, y1 + 2), f"{label} {float(rec.objects_conf[i]):.2f}", fill=colour)
+    objects = list(names) if names is not None else None
+    attributes = list(attr_names) if attr_names is not None else None
+    drawing = draw_regions(load_image(image_path), rec, objects, attributes, regions=order, show_conf=True)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    img.save(out_png)
-    return out_png
+    cv2.imwrite(str(out_png), drawing.image)
+    return drawing
 
 
 def _read_metrics(path: Path) -> list[dict]:
@@ -102,14 +105,6 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
-    return out_png
-
-
-def _enlarged(path: Path, out_png: Path, min_side: int = 384) -> Path:
-    """A nearest-neighbour enlargement, so pictures of tiny demo images stay readable."""
-    img = Image.open(path).convert("RGB")
-    scale = max(1, round(min_side / min(img.size)))
-    img.resize((img.width * scale, img.height * scale), Image.NEAREST).save(out_png)
     return out_png
 
 
@@ -222,7 +217,7 @@ def write_report(inputs: ReportInputs) -> Path:
         parts.append("<h2>Detections (most confident regions)</h2>")
         for image_path, rec in inputs.detections:
             png = pics / f"detections_{rec.img_id}.png"
-            draw_detections(image_path, rec, png, names=inputs.object_names)
+            draw_detections(image_path, rec, png, names=inputs.object_names, attr_names=inputs.attr_names)
             parts.append(_img(png, root, f"detections on {rec.img_id}"))
 
     if inputs.ask is not None:
@@ -234,7 +229,7 @@ def write_report(inputs: ReportInputs) -> Path:
         )
         parts.append(_table([(ans, f"{score:.3f}") for ans, score in a.answers]))
         if a.explain_png is not None and Path(a.explain_png).is_file():
-            picture = _img(_enlarged(a.explain_png, pics / "ask_attention_large.png"), root, "attention")
+            picture = _img(a.explain_png, root, "attention")
             parts.append(f"<p>Regions the answer attended to most:</p>{picture}")
 
     if inputs.commands:

@@ -63,15 +63,34 @@ SUMMARY = {
 
 def test_only_the_most_confident_boxes_are_drawn(tmp_path: Path, image: Path) -> None:
     rec = _record("x", [[4, 4, 20, 20], [30, 30, 60, 60]], [0.3, 0.9])
-    out = draw_detections(image, rec, tmp_path / "one.png", top=1)
-    drawn = np.asarray(Image.open(out).convert("RGB")).astype(int)
-    scale = drawn.shape[0] // 64
+    drawing = draw_detections(image, rec, tmp_path / "one.png", top=1)
+    drawn = np.asarray(Image.open(tmp_path / "one.png").convert("RGB")).astype(int)
+    assert np.array_equal(drawn[..., ::-1], drawing.image)  # the PNG is the returned picture
+    assert drawn.shape == (600, 600, 3)  # a 64 px image enlarged to a legible size
+    k = 600 / 64
     background = np.array([40, 40, 40])
     # the outline of the confident box is drawn, the other box's left edge is untouched
-    assert np.abs(drawn[45 * scale, 30 * scale] - background).sum() > 100
-    assert np.abs(drawn[12 * scale, 4 * scale] - background).sum() == 0
-    both = np.asarray(Image.open(draw_detections(image, rec, tmp_path / "two.png", top=2)).convert("RGB"))
-    assert np.abs(both[12 * scale, 4 * scale].astype(int) - background).sum() > 100
+    assert np.abs(drawn[round(45 * k), round(30 * k)] - background).sum() > 100
+    assert np.abs(drawn[round(12 * k), round(4 * k)] - background).sum() == 0
+    assert [(lb.region, lb.text) for lb in drawing.labels] == [(1, "attr0 obj1 0.90")]
+    both = draw_detections(image, rec, tmp_path / "two.png", top=2)
+    assert np.abs(both.image[round(12 * k), round(4 * k)].astype(int) - background).sum() > 100
+    assert [lb.region for lb in both.labels] == [1, 0]  # most confident first
+
+
+@pytest.mark.parametrize("size", [(24, 32), (96, 96), (640, 480), (2000, 3000)])
+def test_detection_pictures_are_legible_at_any_size(tmp_path: Path, size, assert_legible) -> None:
+    h, w = size
+    rng = np.random.default_rng(h)
+    xy = rng.uniform(0, 0.7, (36, 2)) * [w, h]
+    boxes = np.concatenate([xy, xy + rng.uniform(0.05, 0.3, (36, 2)) * [w, h]], axis=1)
+    rec = _record("x", boxes.tolist(), rng.uniform(0, 1, 36).tolist())
+    rec.img_h, rec.img_w = h, w
+    path = tmp_path / "img.png"
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+    drawing = draw_detections(path, rec, tmp_path / "d.png", top=10)
+    assert_legible(drawing, size)
+    assert len(drawing.labels) == 10
 
 
 def test_curves_skip_missing_runs_and_plot_task_losses(tmp_path: Path) -> None:
