@@ -47,6 +47,9 @@ def _metrics(path: Path, n: int, extra: dict) -> Path:
 
 SUMMARY = {
     "accuracy": 80.0,
+    "other_images_accuracy": 45.5,
+    "per_type_other_images": {"how many": 50.0, "what color is the": 41.0},
+    "image_gain_points": 34.5,
     "baseline_accuracy": 20.0,
     "prior_baseline_accuracy": 40.0,
     "majority_answer": "left",
@@ -143,3 +146,16 @@ def test_real_weights_drop_the_warning_and_a_miss_is_reported(tmp_path: Path) ->
     text = write_report(ReportInputs(out_dir=tmp_path, summary=summary)).read_text()
     assert "RANDOM DETECTOR WEIGHTS" not in text and "faster_rcnn_from_caffe_attr.pkl" in text
     assert "misses the +15 point bar" in text
+
+
+def test_report_shows_how_much_the_image_matters(tmp_path: Path) -> None:
+    text = write_report(ReportInputs(out_dir=tmp_path, summary=SUMMARY)).read_text()
+    section = text[text.index("<h2>Does the model use the image?</h2>") :]
+    section = section[: section.index("<h2>", 5)]
+    cells = re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", section)
+    assert [value for _, value in cells] == ["80.0%", "45.5%", "40.0%", "20.0%"]
+    assert "another test image&#x27;s regions" in cells[1][0]
+    assert "+34.5 points" in section
+    # a summary without the comparison (an older demo) leaves the section out
+    older = {k: v for k, v in SUMMARY.items() if "other_images" not in k and k != "image_gain_points"}
+    assert "Does the model use the image?" not in write_report(ReportInputs(tmp_path, older)).read_text()
