@@ -19,4 +19,17 @@ if [ "${1:-}" = ray ] && [ "${RAY_AUTH_MODE:-}" = token ] && [ -z "${RAY_AUTH_TO
     exit 1
 fi
 
+# `xmodal` finds itself a private HOME (pipelines/jobs/home.py); other commands (`ray start`) get the same
+# here: the image's home belongs to its user alone, and Ray writes its token under ~.
+if [ "${1:-}" != xmodal ] && { [ ! -O "${HOME:-/}" ] || [ ! -w "${HOME:-/}" ]; }; then
+    private="${TMPDIR:-/tmp}/xmodal-home-$(id -u)"
+    mkdir -m 700 -p "$private"
+    if [ ! -O "$private" ] || [ -n "$(find "$private" -maxdepth 0 -perm /077)" ]; then
+        echo "xmodal: $private is not a private folder of uid $(id -u); remove it, or set HOME to a folder" \
+            "you own" >&2
+        exit 1
+    fi
+    export HOME="$private"
+fi
+
 exec "$@"

@@ -24,7 +24,8 @@ DEFAULT_DEVICE = "cpu"
 @dataclass
 class AskResult:
     """Top answers with their sigmoid scores (the model is trained with per-answer BCE), the regions, and
-    the [CLS] token's attention over them in the last cross-modality layer (mean over heads)."""
+    the model's `region_attention` over them: [CLS] in the last cross-modality layer (LXMERT) or the last
+    co-attention layer (ViLBERT), mean over heads."""
 
     answers: list[tuple[str, float]]
     regions: RegionFeatures
@@ -77,7 +78,7 @@ def ask(tuned: Finetuned, regions: RegionFeatures, question: str, top_k: int = D
     scores = torch.sigmoid(out.logits[0].float())
     top = torch.topk(scores, min(top_k, scores.numel()))
     answers = [(tuned.answers.answer(int(i)), float(s)) for s, i in zip(top.values, top.indices, strict=True)]
-    attention = out.attentions[-1][0, :, 0, :].float().mean(dim=0).cpu().numpy()
+    attention = out.region_attention[0].float().cpu().numpy()
     return AskResult(answers=answers, regions=regions, attention=attention)
 
 

@@ -1,8 +1,10 @@
-"""Pre-training as a trainer Task: the five LXMERT tasks over the feature store, with SPEC §2 defaults."""
+"""Pre-training as a trainer Task over the feature store: the objectives the family's pre-training model
+takes (LXMERT's five, ViLBERT's three)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ import torch
 
 from model import get_family
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.bad_records import drop_bad
 from pipelines.data.masking import MaskingConfig, PretrainCollator
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
 from pipelines.data.text import load_tokenizer, save_tokenizer, write_vocab
@@ -44,7 +47,21 @@ MODEL_INPUTS = (
     "feat_targets",
     "feat_weights",
     "answer_labels",
+    "region_mask",
+    "region_probs",
+    "region_labels",
+    "region_weights",
 )
+# masking switch -> the label the pre-training model must take for it to be on
+OBJECTIVE_LABELS = {
+    "mlm": "lm_labels",
+    "matched": "matched_labels",
+    "obj": "obj_labels",
+    "attr": "attr_labels",
+    "feat": "feat_targets",
+    "qa": "answer_labels",
+    "regions": "region_mask",
+}
 
 
 @dataclass
@@ -55,10 +72,13 @@ class PretrainConfig:
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
     skip_missing: bool = False
+    skip_bad_records: bool = (
+        False  # drop the sentences of records failing storage.validate instead of failing
+    )
     arch: str = "lxmert"  # the model family (model.architectures.FAMILIES)
     vocab: str = "bert-base-uncased"  # a vocab.txt, a directory holding one, or a hub id
     preset: str = "base"
-    model: dict[str, Any] = field(default_factory=dict)  # LxmertConfig overrides, e.g. {hidden_size: 256}
+    model: dict[str, Any] = field(default_factory=dict)  # model config overrides, e.g. {hidden_size: 256}
     answers: str | None = None  # an ans2label/label2ans JSON to load instead of building the table
     answer_min_count: int = 1
     max_answers: int | None = 9500  # the release's QA head size; most frequent answers first
@@ -68,10 +88,30 @@ class PretrainConfig:
     qa_weight: float = 1.0
 
 
+def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
+    """`masking` with the objectives the pre-training model takes no labels for switched off, and the
+    model's own region-masking rule (`REGION_MASKING` = shares zeroed / swapped) where none is given."""
+    accepted = set(inspect.signature(pretraining.forward).parameters)
+    changes: dict[str, Any] = {n: False for n, label in OBJECTIVE_LABELS.items() if label not in accepted}
+    if any(getattr(masking, name) for name in changes):
+        log.info("%s takes no labels for %s: switched off", pretraining.__name__, ", ".join(sorted(changes)))
+    zero, swap = getattr(pretraining, "REGION_MASKING", (None, None))
+    if masking.object_zero is None and masking.object_swap is None:
+        changes |= {"object_zero": zero, "object_swap": swap}
+    return dataclasses.replace(masking, **changes)
+
+
 def default_train_config() -> TrainConfig:
-    """SPEC §2: lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay, clip 1.0, decay 0.01 on all."""
+    """The paper's recipe: BertAdam, lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay,
+    clip 1.0, decay 0.01 on all parameters."""
     return TrainConfig(
-        lr=1e-4, batch_size=256, epochs=20, warmup_ratio=0.05, weight_decay=0.01, clip_norm=1.0
+        lr=1e-4,
+        optimizer="bertadam",
+        batch_size=256,
+        epochs=20,
+        warmup_ratio=0.05,
+        weight_decay=0.01,
+        clip_norm=1.0,
     )
 
 
@@ -103,6 +143,10 @@ class PretrainTask:
             valid = check_image_ids(
                 read_pretrain_json(cfg.valid_files), self.features, cfg.valid_files, cfg.skip_missing
             )
+        train = drop_bad(train, _image_of, self.features, cfg.skip_bad_records, "training sentences")
+        valid = drop_bad(valid, _image_of, self.features, cfg.skip_bad_records, "validation sentences")
+        if not train:
+            raise ValueError(f"no usable training sentence is left in {', '.join(cfg.train_files)}")
         if answers is None:
             if cfg.answers:
                 answers = AnswerTable.load(cfg.answers)
@@ -111,10 +155,19 @@ class PretrainTask:
                 answers = AnswerTable.build(labels, cfg.answer_min_count, cfg.max_answers)
         self.answers = answers
         self.train_examples, self.valid_examples = train, valid
-        masking = cfg.masking
+        self.family = get_family(cfg.arch)
+        masking = _masking_for(self.family.models["pretraining"], cfg.masking)
+        if masking.regions and self.features[train[0].img_id].class_probs is None:
+            log.info(
+                "%s holds no per-region class distribution (RegionFeatures.class_probs): masked regions "
+                "are trained on the top class weighted by its confidence",
+                ", ".join(cfg.features),
+            )
         if masking.qa and len(answers) == 0:
             log.warning("no answer in the training labels: image QA is switched off")
             masking = dataclasses.replace(masking, qa=False)
+        if masking.obj or masking.attr:
+            _warn_unlabelled(self.features)
         self.collator = PretrainCollator(self.tokenizer, train, self.features.max_boxes, masking)
         self.set_epoch(0)
         log.info(
@@ -127,13 +180,11 @@ class PretrainTask:
 
     # ---- Task protocol
     def build_model(self) -> torch.nn.Module:
-        overrides = {
-            "vocab_size": len(self.tokenizer),
-            "visual_feat_dim": self.features.feature_dim,
-            "num_qa_labels": max(1, len(self.answers)),
-            **self.config.model,
-        }
-        family = get_family(self.config.arch)
+        family = self.family
+        overrides = {"vocab_size": len(self.tokenizer), "visual_feat_dim": self.features.feature_dim}
+        if "num_qa_labels" in {f.name for f in dataclasses.fields(family.config_class)}:
+            overrides["num_qa_labels"] = max(1, len(self.answers))
+        overrides |= self.config.model
         return family.models["pretraining"](family.config_class.preset(self.config.preset, **overrides))
 
     def train_dataset(self) -> PretrainDataset:
@@ -223,6 +274,10 @@ class PretrainTask:
         return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
 
 
+def _image_of(example: PretrainExample) -> tuple[str]:
+    return (example.img_id,)
+
+
 def _predicted_answer_scores(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     """(Q,) soft score of the QA head's top answer for each question of `batch["qa_eval"]`."""
     predicted = model.qa_head(model.lxmert(**batch["qa_eval"]).pooled_output).argmax(-1)
@@ -253,3 +308,18 @@ def pretrain(run: PretrainRun, out_dir: str | Path, resume: bool = False) -> dic
         task.answers.save(out_dir / ANSWERS_FILE)
     with ray_for_workers(run.train.workers, run.train.ray_address):
         return fit(task, run.train, out_dir, resume=resume)
+
+
+def _warn_unlabelled(features: FeatureReader) -> None:
+    """Say once per store that records imported without detector labels train no obj/attr loss."""
+    for shard in features.shards:
+        meta = shard.read_meta()
+        unlabelled = meta.get("provenance", {}).get("unlabelled_records", 0)
+        if unlabelled:
+            log.warning(
+                "%s: %d of %d records have no detector labels (imported from a 6-field TSV or HDF5): "
+                "the object and attribute losses are off for their regions (weight 0)",
+                shard.path,
+                unlabelled,
+                meta.get("count", unlabelled),
+            )

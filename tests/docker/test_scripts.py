@@ -67,6 +67,42 @@ def test_entrypoint_refuses_a_folder_owned_by_root_to_another_uid() -> None:
         assert result.returncode == 0 and result.stdout == "ran\n", result.stderr
 
 
+def test_entrypoint_gives_ray_a_private_home_when_the_images_is_not_its_own() -> None:
+    """The image's home is its user's (0700); a Ray node run as another uid gets its own, like `xmodal`."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and util-linux's setpriv to run the script as another uid")
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        Path(top).chmod(0o755)
+        image_home = Path(top) / "home"
+        image_home.mkdir(mode=0o700)
+        tmpdir = Path(top) / "tmp"
+        tmpdir.mkdir(mode=0o1777)
+        tmpdir.chmod(0o1777)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(image_home),
+            "TMPDIR": str(tmpdir),
+        }
+        as_nobody = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-s"]
+        script = ENTRYPOINT.read_text()
+        result = subprocess.run(
+            [*as_nobody, "sh", "-c", 'echo "$HOME"; stat -c "%u %a" "$HOME"'],
+            input=script, env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[:2] == [f"{tmpdir}/xmodal-home-{NOBODY}", f"{NOBODY} 700"]
+        # a folder of that name made by someone else is refused, not used
+        (tmpdir / f"xmodal-home-{NOBODY}").rmdir()
+        (tmpdir / f"xmodal-home-{NOBODY}").mkdir(mode=0o777)
+        (tmpdir / f"xmodal-home-{NOBODY}").chmod(0o777)
+        result = subprocess.run(
+            [*as_nobody, "echo", "ran"], input=script, env=env, capture_output=True, text=True, timeout=30
+        )
+        assert result.returncode == 1 and result.stdout == ""
+        assert f"xmodal-home-{NOBODY} is not a private folder of uid {NOBODY}" in result.stderr
+
+
 def test_entrypoint_refuses_a_ray_node_without_a_token() -> None:
     result = _run(
         ["sh", str(ENTRYPOINT), "ray", "--version"], {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ""}

@@ -159,3 +159,19 @@ def test_report_shows_how_much_the_image_matters(tmp_path: Path) -> None:
     # a summary without the comparison (an older demo) leaves the section out
     older = {k: v for k, v in SUMMARY.items() if "other_images" not in k and k != "image_gain_points"}
     assert "Does the model use the image?" not in write_report(ReportInputs(tmp_path, older)).read_text()
+
+
+def test_pictures_are_read_through_the_image_checks(tmp_path: Path) -> None:
+    import os
+
+    from extraction import ImageError
+
+    rec = _record("x", [[4, 4, 20, 20]], [0.9])
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(ImageError, match="named pipe"):  # refused at once: reading it would hang
+        draw_detections(fifo, rec, tmp_path / "out.png")
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (8000, 8000)).save(bomb)
+    with pytest.raises(ImageError, match="MP limit"):
+        draw_detections(bomb, rec, tmp_path / "out.png")
