@@ -4,8 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xmodal-installed
 DEMO_DIR ?= demo_run
+DOCKER_ENV ?= docker/.env
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean docker-dirs
 
 install: $(STAMP)
 
@@ -30,6 +31,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	for b in tests/benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+# The host folders the compose services write, created as you (docker/dirs.sh says why).
+docker-dirs:
+	docker/dirs.sh $(DOCKER_ENV)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR)

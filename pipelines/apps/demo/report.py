@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
 
+from extraction.draw import Drawing
 from storage import RegionFeatures
 
 TASK_LOSSES = ("mlm", "matched", "obj", "attr", "feat", "qa")
-BOX_COLOURS = ((255, 0, 255), (0, 255, 255), (255, 128, 0), (0, 255, 0), (255, 255, 255), (255, 0, 0))
 
 
 @dataclass
@@ -38,28 +37,32 @@ class ReportInputs:
     curves: Mapping[str, Path] = field(default_factory=dict)  # run name -> metrics.jsonl
     ask: AskResult | None = None
     object_names: Sequence[str] | None = None
+    attr_names: Sequence[str] | None = None
     commands: Sequence[str] = ()
 
 
 def draw_detections(
-    image_path: Path, rec: RegionFeatures, out_png: Path, top: int = 10, names: Sequence[str] | None = None
-) -> Path:
-    """The `top` most confident regions of `rec` over its image, scaled up so small images stay legible."""
-    img = _picture(image_path)
-    scale = max(1, round(384 / max(img.size)))
-    img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
-    draw = ImageDraw.Draw(img)
+    image_path: Path,
+    rec: RegionFeatures,
+    out_png: Path,
+    top: int = 10,
+    names: Sequence[str] | None = None,
+    attr_names: Sequence[str] | None = None,
+) -> Drawing:
+    """The `top` most confident regions of `rec` over its image, labelled "attribute object confidence",
+    at a legible size (small images enlarged); written to `out_png`."""
+    import cv2
+
+    from extraction import load_image
+    from extraction.draw import draw_regions
+
     order = np.argsort(-rec.objects_conf, kind="stable")[:top]
-    for rank, i in enumerate(order):
-        colour = BOX_COLOURS[rank % len(BOX_COLOURS)]
-        x1, y1, x2, y2 = (float(v) * scale for v in rec.boxes[i])
-        draw.rectangle((x1, y1, x2, y2), outline=colour, width=2)
-        obj = int(rec.objects_id[i])
-        label = names[obj] if names is not None and 0 <= obj < len(names) else f"obj {obj}"
-        draw.text((x1 + 3, y1 + 2), f"{label} {float(rec.objects_conf[i]):.2f}", fill=colour)
+    objects = list(names) if names is not None else None
+    attributes = list(attr_names) if attr_names is not None else None
+    drawing = draw_regions(load_image(image_path), rec, objects, attributes, regions=order, show_conf=True)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    img.save(out_png)
-    return out_png
+    cv2.imwrite(str(out_png), drawing.image)
+    return drawing
 
 
 def _read_metrics(path: Path) -> list[dict]:
@@ -105,23 +108,9 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
     return out_png
 
 
-def _picture(path: Path) -> Image.Image:
-    """The image as RGB, read through extraction's checks (regular file, size caps, header before pixels)."""
-    from extraction import load_image
-
-    return Image.fromarray(load_image(path)[:, :, ::-1])
-
-
-def _enlarged(path: Path, out_png: Path, min_side: int = 384) -> Path:
-    """A nearest-neighbour enlargement, so pictures of tiny demo images stay readable."""
-    img = _picture(path)
-    scale = max(1, round(min_side / min(img.size)))
-    img.resize((img.width * scale, img.height * scale), Image.NEAREST).save(out_png)
-    return out_png
-
-
 def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
-    """Test accuracy next to the baselines, overall and per question type."""
+    """Held-out accuracy next to the same model given other images' regions and the baselines, overall
+    and per question type."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,9 +118,11 @@ def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
 
     series = {
         "fine-tuned LXMERT": ("accuracy", "per_type_accuracy", "tab:blue"),
+        "same model, another image's regions": ("other_images_accuracy", "per_type_other_images", "tab:cyan"),
         "question-type prior": ("prior_baseline_accuracy", "per_type_prior_baseline", "tab:orange"),
         "majority answer": ("baseline_accuracy", "per_type_baseline", "tab:grey"),
     }
+    series = {k: v for k, v in series.items() if v[0] in summary}
     groups = ["overall"] + sorted(summary.get("per_type_accuracy", {}))
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 3.8))
@@ -164,6 +155,25 @@ def _pct(value) -> str:
 def _table(rows: Sequence[tuple[str, str]]) -> str:
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
+
+
+def _image_matters(s: Mapping) -> str:
+    """The four held-out numbers side by side, and what their differences say about the picture's part."""
+    rows = [
+        ("each question with its own image's regions", _pct(s.get("accuracy"))),
+        ("the same model, each question with another test image's regions", _pct(s["other_images_accuracy"])),
+        ("question-type prior (no image)", _pct(s.get("prior_baseline_accuracy"))),
+        ("majority answer (no image, no question)", _pct(s.get("baseline_accuracy"))),
+    ]
+    gain = float(s.get("image_gain_points", float(s.get("accuracy", 0)) - float(s["other_images_accuracy"])))
+    return (
+        "<h2>Does the model use the image?</h2><p>Held-out accuracy of one model, with the right and with "
+        "the wrong picture, beside two answers that never look at one:</p>"
+        + _table(rows)
+        + f"<p>The right image's regions are worth {gain:+.1f} points over another image's. Accuracy that "
+        "survives the wrong image comes from the question alone; near the question-type prior, that is "
+        "all the model learned.</p>"
+    )
 
 
 def write_report(inputs: ReportInputs) -> Path:
@@ -203,8 +213,11 @@ def write_report(inputs: ReportInputs) -> Path:
             f"only the model's margin over it ({float(s.get('margin_over_prior_points', 0)):+.1f} points) "
             "can come from the image features.</p>"
         )
+    if "other_images_accuracy" in s:
+        parts.append(_image_matters(s))
     rows = [
         ("accuracy (test)", _pct(s.get("accuracy"))),
+        ("same model, another test image's regions", _pct(s.get("other_images_accuracy"))),
         (
             "majority-answer baseline",
             f"{_pct(s.get('baseline_accuracy'))}, always {s.get('majority_answer')!r}",
@@ -229,7 +242,7 @@ def write_report(inputs: ReportInputs) -> Path:
         parts.append("<h2>Detections (most confident regions)</h2>")
         for image_path, rec in inputs.detections:
             png = pics / f"detections_{rec.img_id}.png"
-            draw_detections(image_path, rec, png, names=inputs.object_names)
+            draw_detections(image_path, rec, png, names=inputs.object_names, attr_names=inputs.attr_names)
             parts.append(_img(png, root, f"detections on {rec.img_id}"))
 
     if inputs.ask is not None:
@@ -241,7 +254,7 @@ def write_report(inputs: ReportInputs) -> Path:
         )
         parts.append(_table([(ans, f"{score:.3f}") for ans, score in a.answers]))
         if a.explain_png is not None and Path(a.explain_png).is_file():
-            picture = _img(_enlarged(a.explain_png, pics / "ask_attention_large.png"), root, "attention")
+            picture = _img(a.explain_png, root, "attention")
             parts.append(f"<p>Regions the answer attended to most:</p>{picture}")
 
     if inputs.commands:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from extraction.draw import picture_scale
 from pipelines.apps.ask import AskResult, ask, detector_settings, draw_explanation
 from pipelines.cli import main
 from pipelines.tasks.finetune import FinetuneConfig
@@ -121,19 +122,56 @@ def test_explanation_marks_the_most_attended_regions():
     rec.boxes = boxes
     image = np.full((64, 80, 3), 200, np.uint8)
     attention = np.array([0.1, 0.6, 0.05, 0.25], np.float32)
-    picture = draw_explanation(image, AskResult([("red", 0.9)], rec, attention), "what?", top=2)
-    k = 480 / 64  # small images are enlarged (nearest neighbour) to a 480 px shorter side
-    bar = picture.shape[0] - 480
-    assert bar > 0 and picture.shape[1] == 80 * k
-    body = picture[bar:]
+    drawing = draw_explanation(image, AskResult([("red", 0.9)], rec, attention), "what?", top=2)
+    k = picture_scale(64, 80)  # small images are enlarged to a 600 px shorter side
+    bar = drawing.image.shape[0] - round(64 * k)  # the question, answer and ranking above the image
+    assert bar > 0 and drawing.image.shape[1] == round(80 * k)
+    body = drawing.image[bar:]
+    labelled = np.zeros(body.shape[:2], bool)
+    for label in drawing.labels:
+        if label.region >= 0:
+            x1, y1, x2, y2 = label.box
+            labelled[y1 - bar : y2 - bar, x1:x2] = True
 
     def at(y, x):
+        assert not labelled[int(y * k), int(x * k)]
         return body[int(y * k), int(x * k)].tolist()
 
     assert at(40, 55) == [200, 200, 200]  # inside the most attended region: untouched
     assert at(55, 5) == [60, 60, 60]  # outside the top regions: dimmed to 30 %
     assert at(5, 5) == [60, 60, 60]  # region 0 is not among the top 2
-    assert (body[int(20 * k), int(40 * k) : int(71 * k)] != 60).any()  # the top region's box is drawn
+    assert (body[int(20 * k), int(40 * k) : int(71 * k)] != 200).any()  # the top region's box is drawn
+    # the ranking: rank and weight beside each box, and the same with the regions' names above
+    boxed = [(lb.region, lb.text) for lb in drawing.labels if lb.region >= 0]
+    assert boxed == [(1, "#1 0.60"), (3, "#2 0.25")]
+    header = [lb.text for lb in drawing.labels if lb.region < 0]
+    assert header == ["Q: what?", "A: red (0.90)", "answer's attention over the 4 regions, top 2:",
+                      "#1  0.60  attr1 obj1", "#2  0.25  attr3 obj3"]  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [(40, 30), (96, 96), (480, 640), (2400, 3200), (90, 1800)])
+def test_explanation_is_legible_at_any_size(size, shared_reference, assert_legible):
+    from extraction.draw import load_vg_vocab
+
+    objects, attributes = load_vg_vocab(shared_reference)
+    rng = np.random.default_rng(size[0])
+    h, w = size
+    n = 36
+    xy = rng.uniform(0, 0.7, (n, 2)) * [w, h]
+    boxes = np.concatenate([xy, xy + rng.uniform(0.05, 0.3, (n, 2)) * [w, h]], axis=1).astype(np.float32)
+    ids = rng.integers(0, 400, n)
+    ones = np.ones(n, np.float32)
+    rec = RegionFeatures("x", h, w, boxes, np.zeros((n, 4), np.float32), ids, ones, ids, ones)
+    result = AskResult([("red", 0.9)], rec, rng.dirichlet(np.ones(n)).astype(np.float32))
+    image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    drawing = draw_explanation(image, result, "what color is the thing on the left?", 5, objects, attributes)
+    assert_legible(drawing, size)
+    ranked = [lb.text for lb in drawing.labels if lb.text.startswith("#") and lb.region < 0]
+    top = np.argsort(-result.attention)[:5]
+    assert ranked == [
+        f"#{k}  {result.attention[i]:.2f}  {attributes[ids[i]]} {objects[ids[i]]}"
+        for k, i in enumerate(top, 1)
+    ]
 
 
 @pytest.mark.slow
@@ -177,7 +215,7 @@ def test_ask_end_to_end_on_a_generated_image(checkpoint, tmp_path, capsys):
     assert [round(a["score"], 3) for a in written["answers"]] == scores
     assert written["explain"] == str(explain)
     picture = cv2.imread(str(explain))
-    assert picture is not None and picture.shape[1] == 120 * 480 / 96 and picture.shape[0] > 480
+    assert picture is not None and picture.shape[1] == 120 * 600 / 96 and picture.shape[0] > 600
 
 
 def test_ask_refuses_a_missing_image(checkpoint, tmp_path, capsys):

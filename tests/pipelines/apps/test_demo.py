@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipelines.apps.demo.demo import DEMO_MARKER, DemoError, _Paths, baselines, score_predictions
+from pipelines.apps.demo.demo import (
+    DEMO_MARKER,
+    DemoError,
+    _Paths,
+    baselines,
+    score_predictions,
+    with_other_images,
+)
 from pipelines.apps.demo.report import TASK_LOSSES
 from pipelines.cli import build_parser, main
 from storage import FeatureReader
@@ -58,8 +65,23 @@ def test_scoring_uses_soft_scores_and_refuses_missing_answers(tmp_path: Path) ->
         score_predictions(preds, TEST)
 
 
+def test_other_images_moves_every_question_to_another_held_out_image() -> None:
+    rows = [{"question_id": q, "img_id": f"img{q % 5}", "label": {"x": 1.0}} for q in range(20)]
+    swapped = with_other_images(rows, seed=3)
+    assert [r["question_id"] for r in swapped] == [r["question_id"] for r in rows]
+    assert [r["label"] for r in swapped] == [r["label"] for r in rows]
+    assert all(s["img_id"] != r["img_id"] for r, s in zip(rows, swapped, strict=True))
+    # one permutation of the images: questions of one image all move to the same other image
+    moved = {(r["img_id"], s["img_id"]) for r, s in zip(rows, swapped, strict=True)}
+    assert len(moved) == 5 and sorted(b for _, b in moved) == [f"img{i}" for i in range(5)]
+    assert with_other_images(rows, seed=3) == swapped and with_other_images(rows, seed=4) != swapped
+    with pytest.raises(DemoError, match="1 held-out image"):
+        with_other_images(rows[:1], seed=0)
+
+
 QUICK = ["demo", "--quick", "--images", "24", "--seed", "1"]
-STAGES = ("extract", "pretrain", "finetune", "evaluate", "ask")  # the `xmodal` commands, in order
+STAGES = ("extract", "pretrain", "finetune", "evaluate", "evaluate other images", "ask")
+COMMANDS = ("extract", "pretrain", "finetune", "evaluate", "evaluate", "ask")  # their `xmodal` commands
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +114,15 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     assert summary["test_questions"] == len(test_rows)
     rescored = score_predictions(workdir / "runs" / "vqa" / "test_predictions.json", test_rows)
     assert rescored["accuracy"] == summary["accuracy"]
+    # the same model on the held-out questions, each asked about another held-out image's regions
+    other_split = json.loads((workdir / "data" / "vqa_test_other_images.json").read_text())
+    assert [r["question_id"] for r in other_split] == [r["question_id"] for r in test_rows]
+    test_images = {r["img_id"] for r in test_rows}
+    for moved, row in zip(other_split, test_rows, strict=True):
+        assert moved["img_id"] in test_images and moved["img_id"] != row["img_id"]
+    other = score_predictions(workdir / "runs" / "vqa" / "test_predictions_other_images.json", test_rows)
+    assert summary["other_images_accuracy"] == other["accuracy"]
+    assert summary["image_gain_points"] == pytest.approx(summary["accuracy"] - other["accuracy"], abs=0.01)
     assert summary["evaluate_accuracy"] == pytest.approx(
         summary["accuracy"], abs=0.01
     )  # `xmodal evaluate`'s own
@@ -109,6 +140,9 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     report = workdir / "report.html"
     text = report.read_text()
     assert "RANDOM DETECTOR WEIGHTS" in text
+    matters = text[text.index("Does the model use the image?") :]
+    for key in ("accuracy", "other_images_accuracy", "prior_baseline_accuracy", "baseline_accuracy"):
+        assert f"<td>{summary[key]:.1f}%</td>" in matters[: matters.index("<h2>")], key
     linked = {(report.parent / src).resolve() for src in re.findall(r'<img src="([^"]+)"', text)}
     pics = workdir / "report"
     test_images = sorted({r["img_id"] for r in test_rows})
@@ -117,16 +151,15 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
         pics / "accuracy.png",
         pics / "loss_curves.png",
         *detections,
-        pics / "ask_attention_large.png",
+        pics / "ask_attention.png",
     ]
     for png in expected:
         assert png.is_file() and Image.open(png).format == "PNG", png.name
         assert png.resolve() in linked, f"{png.name} is not shown in the report"
     assert len(linked) == len(expected)
-    assert (pics / "ask_attention.png").is_file()  # what `xmodal ask --explain` drew
 
     # the report lists the real commands, each one parsed by the `xmodal` command line
-    assert [_argv(c)[0] for c in summary["commands"]] == list(STAGES)
+    assert [_argv(c)[0] for c in summary["commands"]] == list(COMMANDS)
     parser = build_parser()
     for line in summary["commands"]:
         assert html.escape(line) in text
@@ -135,9 +168,8 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
 
 @pytest.mark.slow
 def test_a_recorded_command_reruns_its_stage(quick_demo: Path, tmp_path: Path) -> None:
-    (line,) = [
-        c for c in json.loads((quick_demo / "summary.json").read_text())["commands"] if " evaluate " in c
-    ]
+    commands = json.loads((quick_demo / "summary.json").read_text())["commands"]
+    line = next(c for c in commands if " evaluate " in c)  # the held-out split with its own images
     argv = _argv(line)
     out = tmp_path / "again.json"
     argv[argv.index("--out") + 1] = str(out)
@@ -166,7 +198,7 @@ def test_a_fixed_seed_gives_the_same_numbers(quick_demo: Path, tmp_path: Path) -
     assert main([*QUICK, "--workdir", str(again)]) == 0
     first, second = (json.loads((d / "summary.json").read_text()) for d in (quick_demo, again))
     for key in ("accuracy", "baseline_accuracy", "prior_baseline_accuracy", "evaluate_accuracy",
-                "per_type_accuracy", "majority_answer"):  # fmt: skip
+                "per_type_accuracy", "majority_answer", "other_images_accuracy"):  # fmt: skip
         assert first[key] == second[key], key
     assert _stored(quick_demo / "features.lmdb") == _stored(again / "features.lmdb")
     for run in ("pretrain", "vqa"):

@@ -47,6 +47,9 @@ def _metrics(path: Path, n: int, extra: dict) -> Path:
 
 SUMMARY = {
     "accuracy": 80.0,
+    "other_images_accuracy": 45.5,
+    "per_type_other_images": {"how many": 50.0, "what color is the": 41.0},
+    "image_gain_points": 34.5,
     "baseline_accuracy": 20.0,
     "prior_baseline_accuracy": 40.0,
     "majority_answer": "left",
@@ -63,15 +66,34 @@ SUMMARY = {
 
 def test_only_the_most_confident_boxes_are_drawn(tmp_path: Path, image: Path) -> None:
     rec = _record("x", [[4, 4, 20, 20], [30, 30, 60, 60]], [0.3, 0.9])
-    out = draw_detections(image, rec, tmp_path / "one.png", top=1)
-    drawn = np.asarray(Image.open(out).convert("RGB")).astype(int)
-    scale = drawn.shape[0] // 64
+    drawing = draw_detections(image, rec, tmp_path / "one.png", top=1)
+    drawn = np.asarray(Image.open(tmp_path / "one.png").convert("RGB")).astype(int)
+    assert np.array_equal(drawn[..., ::-1], drawing.image)  # the PNG is the returned picture
+    assert drawn.shape == (600, 600, 3)  # a 64 px image enlarged to a legible size
+    k = 600 / 64
     background = np.array([40, 40, 40])
     # the outline of the confident box is drawn, the other box's left edge is untouched
-    assert np.abs(drawn[45 * scale, 30 * scale] - background).sum() > 100
-    assert np.abs(drawn[12 * scale, 4 * scale] - background).sum() == 0
-    both = np.asarray(Image.open(draw_detections(image, rec, tmp_path / "two.png", top=2)).convert("RGB"))
-    assert np.abs(both[12 * scale, 4 * scale].astype(int) - background).sum() > 100
+    assert np.abs(drawn[round(45 * k), round(30 * k)] - background).sum() > 100
+    assert np.abs(drawn[round(12 * k), round(4 * k)] - background).sum() == 0
+    assert [(lb.region, lb.text) for lb in drawing.labels] == [(1, "attr0 obj1 0.90")]
+    both = draw_detections(image, rec, tmp_path / "two.png", top=2)
+    assert np.abs(both.image[round(12 * k), round(4 * k)].astype(int) - background).sum() > 100
+    assert [lb.region for lb in both.labels] == [1, 0]  # most confident first
+
+
+@pytest.mark.parametrize("size", [(24, 32), (96, 96), (640, 480), (2000, 3000)])
+def test_detection_pictures_are_legible_at_any_size(tmp_path: Path, size, assert_legible) -> None:
+    h, w = size
+    rng = np.random.default_rng(h)
+    xy = rng.uniform(0, 0.7, (36, 2)) * [w, h]
+    boxes = np.concatenate([xy, xy + rng.uniform(0.05, 0.3, (36, 2)) * [w, h]], axis=1)
+    rec = _record("x", boxes.tolist(), rng.uniform(0, 1, 36).tolist())
+    rec.img_h, rec.img_w = h, w
+    path = tmp_path / "img.png"
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+    drawing = draw_detections(path, rec, tmp_path / "d.png", top=10)
+    assert_legible(drawing, size)
+    assert len(drawing.labels) == 10
 
 
 def test_curves_skip_missing_runs_and_plot_task_losses(tmp_path: Path) -> None:
@@ -124,6 +146,19 @@ def test_real_weights_drop_the_warning_and_a_miss_is_reported(tmp_path: Path) ->
     text = write_report(ReportInputs(out_dir=tmp_path, summary=summary)).read_text()
     assert "RANDOM DETECTOR WEIGHTS" not in text and "faster_rcnn_from_caffe_attr.pkl" in text
     assert "misses the +15 point bar" in text
+
+
+def test_report_shows_how_much_the_image_matters(tmp_path: Path) -> None:
+    text = write_report(ReportInputs(out_dir=tmp_path, summary=SUMMARY)).read_text()
+    section = text[text.index("<h2>Does the model use the image?</h2>") :]
+    section = section[: section.index("<h2>", 5)]
+    cells = re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", section)
+    assert [value for _, value in cells] == ["80.0%", "45.5%", "40.0%", "20.0%"]
+    assert "another test image&#x27;s regions" in cells[1][0]
+    assert "+34.5 points" in section
+    # a summary without the comparison (an older demo) leaves the section out
+    older = {k: v for k, v in SUMMARY.items() if "other_images" not in k and k != "image_gain_points"}
+    assert "Does the model use the image?" not in write_report(ReportInputs(tmp_path, older)).read_text()
 
 
 def test_pictures_are_read_through_the_image_checks(tmp_path: Path) -> None:
