@@ -1,0 +1,55 @@
+"""VisualBERT's VQA and NLVR2 heads: parity with transformers' task classes, shapes, attention maps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.visualbert import VisualBertForNLVR2, VisualBertForQuestionAnswering
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_question_answering_matches_transformers(vb):
+    cfg = vb.small_config()
+    torch.manual_seed(0)
+    hf_cfg = vb.hf_config(cfg)
+    hf_cfg.num_labels = 5
+    hf = transformers.VisualBertForQuestionAnswering(hf_cfg).eval()
+    vb.perturb(hf)
+    ours = VisualBertForQuestionAnswering(cfg, num_answers=5).eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    inputs = vb.make_inputs(cfg)
+    labels = torch.softmax(torch.randn(3, 5), -1)
+    with torch.no_grad():
+        ref = hf(**vb.hf_inputs(inputs), labels=labels)
+        ref_logits = hf(**vb.hf_inputs(inputs)).logits
+        out = ours(**inputs, labels=labels, output_attentions=True)
+    torch.testing.assert_close(out.logits, ref_logits, atol=1e-5, rtol=1e-5)
+    # With labels transformers hands back the log-softmax; ours stay logits whatever is passed.
+    torch.testing.assert_close(out.logits.log_softmax(-1), ref.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-5)
+    assert out.region_attention.shape == (3, 5)
+    assert not out.region_attention[-1, -2:].any()  # padded regions get no weight
+    assert torch.all(out.region_attention.sum(-1) <= 1 + 1e-6)
+
+
+def test_nlvr2_reads_both_images(vb):
+    cfg = vb.small_config()
+    torch.manual_seed(0)
+    model = VisualBertForNLVR2(cfg).eval()
+    inputs = vb.make_inputs(cfg, batch=2)
+    pair = {
+        **inputs,
+        "visual_feats": torch.randn(2, 2, 5, cfg.visual_embedding_dim),
+        "visual_pos": torch.rand(2, 2, 5, 4),
+        "visual_attention_mask": torch.ones(2, 2, 5),
+    }
+    out = model(**pair, labels=torch.tensor([0, 1]))
+    assert out.logits.shape == (2, 2) and out.loss.ndim == 0
+    swapped = {**pair, "visual_feats": pair["visual_feats"].flip(1)}
+    with torch.no_grad():
+        # Image order matters (each image has its own visual position), as "left"/"right" statements need.
+        assert not torch.allclose(model(**pair).logits, model(**swapped).logits)
+    with pytest.raises(ValueError, match=r"\(B, 2, N, D\)"):
+        model(**inputs)
