@@ -1,0 +1,148 @@
+"""`VlBertForPreTraining`: masked LM with visual clues and masked RoI classification with linguistic clues.
+
+No sentence-image matching: the final VL-BERT dropped it (SPEC §5). A masked RoI keeps its box; its
+appearance becomes a learned vector (zero at the start) and its [IMG] word a learned [MASK]-like word.
+The whole image's appearance is the mean of the unmasked regions only, so that nothing of a masked
+region leaks through it (the release zeroes a masked RoI's pixels before its whole-image RoI pooling).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..visualbert.encoder import MaskedLMPredictions, init_bert_weights
+from ..visualbert.outputs import PreTrainingOutput
+from .config import VlBertConfig
+from .modeling import VlBert
+
+
+class MLMHead(nn.Module):
+    def __init__(self, cfg: VlBertConfig):
+        super().__init__()
+        self.predictions = MaskedLMPredictions(cfg, cfg.vocab_size)
+
+
+class MVRCTransform(nn.Module):
+    """`gelu(W h)`."""
+
+    def __init__(self, cfg: VlBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.dense(x))
+
+
+class MVRCHead(nn.Module):
+    """Masked visual-region classification: detector-class logits for a region's state."""
+
+    def __init__(self, cfg: VlBertConfig):
+        super().__init__()
+        self.transform = MVRCTransform(cfg)
+        self.region_cls_pred = nn.Linear(cfg.hidden_size, cfg.num_region_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.region_cls_pred(self.transform(x))
+
+
+class VlBertForPreTraining(nn.Module):
+    """VL-BERT with the masked-LM and masked-RoI-classification heads (release names)."""
+
+    def __init__(self, cfg: VlBertConfig):
+        super().__init__()
+        self.config = cfg
+        self.vlbert = VlBert(cfg)
+        self.mlm_head = MLMHead(cfg)
+        self.mvrc_head = MVRCHead(cfg)
+        self.object_mask_visual_embedding = nn.Embedding(1, cfg.visual_feat_dim)
+        self.object_mask_word_embedding = nn.Embedding(1, cfg.hidden_size)
+        for module in (self.mlm_head, self.mvrc_head, self.object_mask_word_embedding):
+            module.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+        nn.init.zeros_(self.object_mask_visual_embedding.weight)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        visual_feats: torch.Tensor | None = None,
+        visual_pos: torch.Tensor | None = None,
+        visual_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        lm_labels: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+        region_targets: torch.Tensor | None = None,
+        obj_labels: torch.Tensor | None = None,
+        obj_weights: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """Backbone inputs as `VlBert.forward`, and:
+        lm_labels (B, L), -100 = not masked (the caller masks whole words);
+        masked_regions (B, N) bool: RoIs whose appearance is hidden and whose class is predicted, against
+        region_targets (B, N, C), the detector's class distribution (soft cross-entropy), or else
+        obj_labels (B, N) with obj_weights (B, N), the detector's top class and its confidence.
+        Labels at padding count for nothing."""
+        if masked_regions is not None and region_targets is None and obj_labels is None:
+            raise ValueError("masked_regions needs region_targets (B, N, C) or obj_labels with obj_weights")
+        if (obj_labels is None) != (obj_weights is None):
+            raise ValueError("obj_labels and obj_weights go together: give both or neither")
+        region_mask = None if visual_attention_mask is None else visual_attention_mask.bool()
+        image_feats = region_words = None
+        if masked_regions is not None and visual_feats is not None:
+            masked = masked_regions.bool()
+            if region_mask is not None:
+                masked = masked & region_mask
+            visible = ~masked if region_mask is None else region_mask & ~masked
+            weight = visible[..., None].to(visual_feats.dtype)
+            image_feats = (visual_feats * weight).sum(1) / weight.sum(1).clamp(min=1)
+            hidden = self.object_mask_visual_embedding.weight[0].to(visual_feats.dtype)
+            visual_feats = torch.where(masked[..., None], hidden, visual_feats)
+            words = self.vlbert.object_linguistic_embeddings.weight[0]
+            region_words = torch.where(masked[..., None], self.object_mask_word_embedding.weight[0], words)
+            masked_regions = masked
+        out = self.vlbert(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            visual_feats,
+            visual_pos,
+            visual_attention_mask,
+            output_attentions,
+            image_feats=image_feats,
+            region_words=region_words,
+        )
+        words_table = self.vlbert.word_embeddings.weight
+        result = PreTrainingOutput(
+            loss=out.sequence_output.new_zeros(()),
+            text_output=out.text_output,
+            region_output=out.region_output,
+            attentions=out.attentions,
+        )
+        inference = lm_labels is None and masked_regions is None
+        if lm_labels is not None:
+            picked = lm_labels != -100
+            if attention_mask is not None:
+                picked = picked & attention_mask.bool()
+            targets = lm_labels[picked]
+            result.lm_logits = self.mlm_head.predictions(out.text_output[picked], words_table)
+            summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
+            result.losses["mlm"] = summed / max(targets.numel(), 1)
+        elif inference:
+            result.lm_logits = self.mlm_head.predictions(out.text_output, words_table)
+        if masked_regions is not None:
+            logits = self.mvrc_head(out.region_output[masked_regions])
+            result.region_logits = logits
+            count = max(logits.shape[0], 1)
+            if region_targets is not None:
+                target = region_targets[masked_regions].to(logits.dtype)
+                per_region = -(target * logits.log_softmax(-1)).sum(-1)
+            else:
+                per_region = F.cross_entropy(logits, obj_labels[masked_regions], reduction="none")
+                per_region = per_region * obj_weights[masked_regions].to(logits.dtype)
+            result.losses["mvrc"] = per_region.sum() / count
+        elif inference:
+            result.region_logits = self.mvrc_head(out.region_output)
+        if result.losses:
+            result.loss = torch.stack(list(result.losses.values())).sum()
+        return result
