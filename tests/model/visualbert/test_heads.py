@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from model.visualbert import VisualBertForNLVR2, VisualBertForQuestionAnswering
 
@@ -53,3 +54,31 @@ def test_nlvr2_reads_both_images(vb):
         assert not torch.allclose(model(**pair).logits, model(**swapped).logits)
     with pytest.raises(ValueError, match=r"\(B, 2, N, D\)"):
         model(**inputs)
+
+
+def test_tiny_model_learns_answers_from_the_regions(vb):
+    """The answer is written into one random region's features: only the visual path can tell it."""
+    torch.manual_seed(0)
+    cfg = vb.small_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = VisualBertForQuestionAnswering(cfg, num_answers=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+    def batch(n: int) -> tuple[dict, torch.Tensor]:
+        inputs = vb.make_inputs(cfg, batch=n, tokens=5, boxes=3, seed=int(torch.randint(0, 10**6, ())))
+        answers = torch.randint(0, 4, (n,))
+        feats = torch.randn(n, 3, cfg.visual_embedding_dim) * 0.1
+        feats[torch.arange(n), torch.randint(0, 3, (n,)), :4] += 3 * F.one_hot(answers, 4)
+        inputs |= {"visual_feats": feats, "visual_attention_mask": torch.ones(n, 3)}
+        return inputs, answers
+
+    for _ in range(60):
+        inputs, answers = batch(16)
+        loss = model(**inputs, labels=F.one_hot(answers, 4).float()).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    inputs, answers = batch(200)
+    with torch.no_grad():
+        accuracy = (model(**inputs).logits.argmax(-1) == answers).float().mean()
+    assert accuracy > 0.9  # chance is 0.25
