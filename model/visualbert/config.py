@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
-
-_PRESETS: dict[str, dict[str, Any]] = {
-    # BERT-base with 2048-d region features (uclanlp/visualbert-vqa-coco-pre's sizes).
-    "base": {},
-    # Small enough for unit tests and the demo on a laptop CPU.
-    "tiny": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-    },
-}
+from typing import Any, ClassVar
 
 
 @dataclass
 class VisualBertConfig:
     """Hyper-parameters of VisualBERT; field names and defaults follow transformers' `VisualBertConfig`,
     except `visual_embedding_dim`, which is the store's 2048-d region features."""
+
+    # Named configurations for `preset`: field overrides of the defaults below.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # BERT-base with 2048-d region features (uclanlp/visualbert-vqa-coco-pre's sizes).
+        "base": {},
+        # Small enough for unit tests and the demo on a laptop CPU.
+        "tiny": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+        },
+    }
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -46,12 +47,17 @@ class VisualBertConfig:
                 f"{self.num_attention_heads}; pick sizes that divide"
             )
 
+    @property
+    def visual_feat_dim(self) -> int:
+        """The region feature width under the name every family's config shares."""
+        return self.visual_embedding_dim
+
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> VisualBertConfig:
         """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in _PRESETS:
-            raise ValueError(f"unknown VisualBERT preset {name!r}; choose one of {sorted(_PRESETS)}")
-        return cls.from_dict({**_PRESETS[name], **overrides})
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown VisualBERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> VisualBertConfig:

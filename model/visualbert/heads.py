@@ -109,4 +109,9 @@ class VisualBertForNLVR2(nn.Module):
         )
         logits = self.cls(self.dropout(out.pooled_output))
         loss = F.cross_entropy(logits, labels) if labels is not None else None
-        return ClassificationOutput(logits=logits, loss=loss, attentions=out.attentions)
+        region_attention = None
+        if output_attentions:  # [CLS]'s, which the pooler reads, over both images' regions
+            region_attention = out.attentions[-1][:, :, 0, out.text_length :].mean(1).view(b, 2, n)
+        return ClassificationOutput(
+            logits=logits, loss=loss, attentions=out.attentions, region_attention=region_attention
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,7 +11,21 @@ from torch import nn
 from .config import VisualBertConfig
 from .encoder import MaskedLMPredictions, init_bert_weights
 from .modeling import VisualBert
-from .outputs import PreTrainingOutput
+
+
+@dataclass
+class VisualBertPreTrainingOutput:
+    """`loss` is the sum of `losses` (0 without labels). With `lm_labels`, `lm_logits` is (M, V) at the M
+    labelled text positions (row-major order); without any label it covers every text position."""
+
+    loss: torch.Tensor
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    lm_logits: torch.Tensor | None = None
+    matched_logits: torch.Tensor | None = None
+    text_output: torch.Tensor | None = None
+    region_output: torch.Tensor | None = None
+    pooled_output: torch.Tensor | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 class PreTrainingHeads(nn.Module):
@@ -42,7 +58,7 @@ class VisualBertForPreTraining(nn.Module):
         output_attentions: bool = False,
         lm_labels: torch.Tensor | None = None,
         matched_labels: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
+    ) -> VisualBertPreTrainingOutput:
         """lm_labels (B, L) over the text, -100 = not masked; matched_labels (B,) 1 = the sentence
         describes the image. Either enables its loss; labels at text padding count for nothing."""
         out = self.visual_bert(
@@ -56,10 +72,11 @@ class VisualBertForPreTraining(nn.Module):
         )
         words = self.visual_bert.embeddings.word_embeddings.weight
         text = out.text_output
-        result = PreTrainingOutput(
+        result = VisualBertPreTrainingOutput(
             loss=text.new_zeros(()),
             text_output=text,
             region_output=out.region_output,
+            pooled_output=out.pooled_output,
             attentions=out.attentions,
         )
         inference = lm_labels is None and matched_labels is None

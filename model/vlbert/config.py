@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
-
-_PRESETS: dict[str, dict[str, Any]] = {
-    # VL-BERT-base on 2048-d region features (SPEC §5).
-    "base": {},
-    # Small enough for unit tests and the demo on a laptop CPU.
-    "tiny": {
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "geometry_dim": 64,
-    },
-}
+from typing import Any, ClassVar
 
 
 @dataclass
 class VlBertConfig:
     """Hyper-parameters of VL-BERT; defaults are the released base model (SPEC §5)."""
+
+    # Named configurations for `preset`: field overrides of the defaults below.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # VL-BERT-base on 2048-d region features (SPEC §5).
+        "base": {},
+        # Small enough for unit tests and the demo on a laptop CPU.
+        "tiny": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "geometry_dim": 64,
+        },
+    }
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -62,9 +63,9 @@ class VlBertConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> VlBertConfig:
         """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in _PRESETS:
-            raise ValueError(f"unknown VL-BERT preset {name!r}; choose one of {sorted(_PRESETS)}")
-        return cls.from_dict({**_PRESETS[name], **overrides})
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown VL-BERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> VlBertConfig:

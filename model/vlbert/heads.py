@@ -140,6 +140,14 @@ class VlBertForNLVR2(nn.Module):
             pairs(visual_attention_mask),
             output_attentions,
         )
-        logits = self.final_mlp(out.text_output[:, 0].reshape(input_ids.shape[0], -1))
+        b = input_ids.shape[0]
+        logits = self.final_mlp(out.text_output[:, 0].reshape(b, -1))
         loss = F.cross_entropy(logits, labels) if labels is not None else None
-        return ClassificationOutput(logits=logits, loss=loss, attentions=out.attentions)
+        region_attention = None
+        if output_attentions:  # [CLS]'s, which the classifier reads, over each image's regions
+            start = out.text_length + 1
+            per_pair = out.attentions[-1][:, :, 0, start : start + out.num_regions].mean(1)
+            region_attention = per_pair.view(b, 2, -1)
+        return ClassificationOutput(
+            logits=logits, loss=loss, attentions=out.attentions, region_attention=region_attention
+        )

@@ -8,14 +8,30 @@ region leaks through it (the release zeroes a masked RoI's pixels before its who
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..visualbert.encoder import MaskedLMPredictions, init_bert_weights
-from ..visualbert.outputs import PreTrainingOutput
 from .config import VlBertConfig
 from .modeling import VlBert
+
+
+@dataclass
+class VlBertPreTrainingOutput:
+    """`loss` is the sum of `losses` (0 without labels). With labels, `lm_logits` is (M, V) at the M
+    labelled text positions and `region_logits` (K, C) at the K masked real regions (row-major order);
+    without any label they cover every text position and every region."""
+
+    loss: torch.Tensor
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    lm_logits: torch.Tensor | None = None
+    region_logits: torch.Tensor | None = None
+    text_output: torch.Tensor | None = None
+    region_output: torch.Tensor | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 class MLMHead(nn.Module):
@@ -76,7 +92,7 @@ class VlBertForPreTraining(nn.Module):
         region_targets: torch.Tensor | None = None,
         obj_labels: torch.Tensor | None = None,
         obj_weights: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
+    ) -> VlBertPreTrainingOutput:
         """Backbone inputs as `VlBert.forward`, and:
         lm_labels (B, L), -100 = not masked (the caller masks whole words);
         masked_regions (B, N) bool: RoIs whose appearance is hidden and whose class is predicted, against
@@ -113,7 +129,7 @@ class VlBertForPreTraining(nn.Module):
             region_words=region_words,
         )
         words_table = self.vlbert.word_embeddings.weight
-        result = PreTrainingOutput(
+        result = VlBertPreTrainingOutput(
             loss=out.sequence_output.new_zeros(()),
             text_output=out.text_output,
             region_output=out.region_output,

@@ -52,6 +52,10 @@ def test_nlvr2_reads_both_images(vb):
     with torch.no_grad():
         # Image order matters (each image has its own visual position), as "left"/"right" statements need.
         assert not torch.allclose(model(**pair).logits, model(**swapped).logits)
+    pair["visual_attention_mask"][1, 0, -1] = 0
+    with torch.no_grad():
+        attention = model(**pair, output_attentions=True).region_attention
+    assert attention.shape == (2, 2, 5) and attention[1, 0, -1] == 0 and (attention >= 0).all()
     with pytest.raises(ValueError, match=r"\(B, 2, N, D\)"):
         model(**inputs)
 

@@ -58,6 +58,10 @@ def test_nlvr2_pairs(vl):
     assert out.logits.shape == (2, 2) and out.loss.ndim == 0
     out.loss.backward()
     assert model.vlbert.word_embeddings.weight.grad is not None
+    pair["visual_attention_mask"][1, 0, -1] = 0
+    with torch.no_grad():
+        attention = model(**pair, output_attentions=True).region_attention
+    assert attention.shape == (2, 2, 5) and attention[1, 0, -1] == 0 and (attention >= 0).all()
     with pytest.raises(ValueError, match=r"\(B, 2, N, D\)"):
         model(**inputs)
 
