@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 @dataclass
 class VisualBertConfig:
     """Hyper-parameters of VisualBERT; field names and defaults follow transformers' `VisualBertConfig`,
-    except `visual_embedding_dim`, which is the store's 2048-d region features."""
+    except `visual_feat_dim` (its `visual_embedding_dim`), the store's 2048-d region features."""
 
     # Named configurations for `preset`: field overrides of the defaults below.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -30,7 +30,7 @@ class VisualBertConfig:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    visual_embedding_dim: int = 2048
+    visual_feat_dim: int = 2048
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     hidden_dropout_prob: float = 0.1
@@ -46,11 +46,6 @@ class VisualBertConfig:
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                 f"{self.num_attention_heads}; pick sizes that divide"
             )
-
-    @property
-    def visual_feat_dim(self) -> int:
-        """The region feature width under the name every family's config shares."""
-        return self.visual_embedding_dim
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> VisualBertConfig:

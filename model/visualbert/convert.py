@@ -37,7 +37,6 @@ _CONFIG_FIELDS = (
     "num_hidden_layers",
     "num_attention_heads",
     "intermediate_size",
-    "visual_embedding_dim",
     "max_position_embeddings",
     "type_vocab_size",
     "hidden_dropout_prob",
@@ -111,7 +110,10 @@ def config_from_hf(meta: dict[str, Any], source: str) -> VisualBertConfig:
         raise ValueError(f"{source}: hidden_act {meta['hidden_act']!r} is not supported (only exact gelu)")
     if meta.get("bypass_transformer", False):
         raise ValueError(f"{source}: bypass_transformer=true is not supported; use a standard VisualBERT")
-    return VisualBertConfig.from_dict({k: meta[k] for k in _CONFIG_FIELDS if k in meta})
+    values = {k: meta[k] for k in _CONFIG_FIELDS if k in meta}
+    if "visual_embedding_dim" in meta:
+        values["visual_feat_dim"] = meta["visual_embedding_dim"]
+    return VisualBertConfig.from_dict(values)
 
 
 def load_hf_state(model: nn.Module, hf: dict[str, torch.Tensor], source: str) -> ConversionReport:

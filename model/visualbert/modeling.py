@@ -47,7 +47,7 @@ class VisualBertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
         self.visual_token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h)
         self.visual_position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
-        self.visual_projection = nn.Linear(cfg.visual_embedding_dim, h)
+        self.visual_projection = nn.Linear(cfg.visual_feat_dim, h)
 
     def forward(
         self,
@@ -117,10 +117,10 @@ class VisualBert(nn.Module):
         b, length = input_ids.shape
         if visual_feats is None:
             raise ValueError("VisualBERT needs visual_feats (B, N, D)")
-        dim = self.config.visual_embedding_dim
+        dim = self.config.visual_feat_dim
         if visual_feats.dim() != 3 or visual_feats.shape[0] != b or visual_feats.shape[-1] != dim:
             raise ValueError(
-                f"visual_feats {tuple(visual_feats.shape)} should be (B={b}, N, visual_embedding_dim={dim})"
+                f"visual_feats {tuple(visual_feats.shape)} should be (B={b}, N, visual_feat_dim={dim})"
             )
         n = visual_feats.shape[1]
         embeddings = self.embeddings(

@@ -16,7 +16,7 @@ SMALL = {
     "num_attention_heads": 4,
     "intermediate_size": 48,
     "num_hidden_layers": 2,
-    "visual_embedding_dim": 24,
+    "visual_feat_dim": 24,
     "max_position_embeddings": 40,
 }
 
@@ -39,7 +39,7 @@ def make_inputs(
         "input_ids": torch.randint(1, cfg.vocab_size, (batch, tokens), generator=g),
         "attention_mask": attention_mask,
         "token_type_ids": torch.randint(0, 2, (batch, tokens), generator=g),
-        "visual_feats": torch.randn(batch, boxes, cfg.visual_embedding_dim, generator=g),
+        "visual_feats": torch.randn(batch, boxes, cfg.visual_feat_dim, generator=g),
         "visual_pos": torch.rand(batch, boxes, 4, generator=g),
         "visual_attention_mask": visual_attention_mask,
     }
@@ -48,6 +48,7 @@ def make_inputs(
 def hf_config(cfg: VisualBertConfig):
     transformers = pytest.importorskip("transformers")
     values = cfg.to_dict()
+    values["visual_embedding_dim"] = values.pop("visual_feat_dim")
     return transformers.VisualBertConfig(**values, hidden_act="gelu", attn_implementation="eager")
 
 

@@ -42,7 +42,7 @@ def test_nlvr2_reads_both_images(vb):
     inputs = vb.make_inputs(cfg, batch=2)
     pair = {
         **inputs,
-        "visual_feats": torch.randn(2, 2, 5, cfg.visual_embedding_dim),
+        "visual_feats": torch.randn(2, 2, 5, cfg.visual_feat_dim),
         "visual_pos": torch.rand(2, 2, 5, 4),
         "visual_attention_mask": torch.ones(2, 2, 5),
     }
@@ -70,7 +70,7 @@ def test_tiny_model_learns_answers_from_the_regions(vb):
     def batch(n: int) -> tuple[dict, torch.Tensor]:
         inputs = vb.make_inputs(cfg, batch=n, tokens=5, boxes=3, seed=int(torch.randint(0, 10**6, ())))
         answers = torch.randint(0, 4, (n,))
-        feats = torch.randn(n, 3, cfg.visual_embedding_dim) * 0.1
+        feats = torch.randn(n, 3, cfg.visual_feat_dim) * 0.1
         feats[torch.arange(n), torch.randint(0, 3, (n,)), :4] += 3 * F.one_hot(answers, 4)
         inputs |= {"visual_feats": feats, "visual_attention_mask": torch.ones(n, 3)}
         return inputs, answers

@@ -59,9 +59,7 @@ def test_padding_does_not_change_real_outputs(vb):
     padded["input_ids"] = torch.cat([inputs["input_ids"], torch.tensor([[7, 8]])], 1)
     padded["token_type_ids"] = torch.cat([inputs["token_type_ids"], torch.tensor([[1, 1]])], 1)
     padded["attention_mask"] = torch.cat([inputs["attention_mask"], torch.zeros(1, 2, dtype=torch.long)], 1)
-    padded["visual_feats"] = torch.cat(
-        [inputs["visual_feats"], torch.randn(1, 2, cfg.visual_embedding_dim)], 1
-    )
+    padded["visual_feats"] = torch.cat([inputs["visual_feats"], torch.randn(1, 2, cfg.visual_feat_dim)], 1)
     padded["visual_pos"] = torch.cat([inputs["visual_pos"], torch.rand(1, 2, 4)], 1)
     padded["visual_attention_mask"] = torch.cat(
         [inputs["visual_attention_mask"], torch.zeros(1, 2, dtype=torch.long)], 1
@@ -86,7 +84,7 @@ def test_wrong_feature_width_is_named(vb):
     cfg = vb.small_config()
     inputs = vb.make_inputs(cfg)
     inputs["visual_feats"] = inputs["visual_feats"][..., :10]
-    with pytest.raises(ValueError, match="visual_embedding_dim=24"):
+    with pytest.raises(ValueError, match="visual_feat_dim=24"):
         VisualBert(cfg)(**inputs)
 
 
