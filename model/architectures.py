@@ -21,6 +21,23 @@ from .lxmert import (
     read_huggingface_dir,
 )
 from .pretrained import CONFIG_NAME, Checkpoint
+from .visualbert import (
+    VisualBert,
+    VisualBertConfig,
+    VisualBertForNLVR2,
+    VisualBertForPreTraining,
+    VisualBertForQuestionAnswering,
+    convert_visualbert,
+)
+from .visualbert import read_huggingface_dir as read_visualbert_dir
+from .vlbert import (
+    VlBert,
+    VlBertConfig,
+    VlBertForNLVR2,
+    VlBertForPreTraining,
+    VlBertForQuestionAnswering,
+    convert_vlbert,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,29 @@ FAMILIES: dict[str, Family] = {
         },
         convert=convert_lxmert,
         read_foreign=read_huggingface_dir,
+    ),
+    "vlbert": Family(
+        name="vlbert",
+        config_class=VlBertConfig,
+        models={
+            "backbone": VlBert,
+            "pretraining": VlBertForPreTraining,
+            "qa": VlBertForQuestionAnswering,
+            "nlvr2": VlBertForNLVR2,
+        },
+        convert=convert_vlbert,
+    ),
+    "visualbert": Family(
+        name="visualbert",
+        config_class=VisualBertConfig,
+        models={
+            "backbone": VisualBert,
+            "pretraining": VisualBertForPreTraining,
+            "qa": VisualBertForQuestionAnswering,
+            "nlvr2": VisualBertForNLVR2,
+        },
+        convert=convert_visualbert,
+        read_foreign=read_visualbert_dir,
     ),
 }
 

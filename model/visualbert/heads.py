@@ -6,15 +6,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.init import init_weights
+from ..outputs import ClassificationOutput
+from ..pretrained import PretrainedMixin
 from .config import VisualBertConfig
-from .encoder import init_bert_weights
 from .modeling import VisualBert
-from .outputs import ClassificationOutput
 
 
-class VisualBertForQuestionAnswering(nn.Module):
+class VisualBertForQuestionAnswering(PretrainedMixin, nn.Module):
     """The state of the last text token before [SEP] -> dropout -> Linear(H, A) (transformers' and the
     authors' choice of answer token). Loss: KL(labels || softmax(logits)), batch mean, as transformers."""
+
+    config_class = VisualBertConfig
+    base_model_prefix = "visual_bert."
 
     def __init__(self, cfg: VisualBertConfig, num_answers: int):
         super().__init__()
@@ -23,7 +27,7 @@ class VisualBertForQuestionAnswering(nn.Module):
         self.visual_bert = VisualBert(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
         self.cls = nn.Linear(cfg.hidden_size, num_answers)
-        init_bert_weights(self.cls, cfg.initializer_range)
+        init_weights(self.cls, cfg.initializer_range)
 
     def init_kwargs(self) -> dict[str, int]:
         return {"num_answers": self.num_answers}
@@ -67,9 +71,12 @@ class VisualBertForQuestionAnswering(nn.Module):
         )
 
 
-class VisualBertForNLVR2(nn.Module):
+class VisualBertForNLVR2(PretrainedMixin, nn.Module):
     """One sentence and both images in one sequence (the regions of image i at visual position i) ->
     pooled -> dropout -> Linear(H, 2), as transformers' `VisualBertForVisualReasoning`."""
+
+    config_class = VisualBertConfig
+    base_model_prefix = "visual_bert."
 
     def __init__(self, cfg: VisualBertConfig):
         super().__init__()
@@ -77,7 +84,7 @@ class VisualBertForNLVR2(nn.Module):
         self.visual_bert = VisualBert(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
         self.cls = nn.Linear(cfg.hidden_size, 2)
-        init_bert_weights(self.cls, cfg.initializer_range)
+        init_weights(self.cls, cfg.initializer_range)
 
     def forward(
         self,

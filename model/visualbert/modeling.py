@@ -12,8 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..layers.bert import BertEncoder
+from ..layers.heads import Pooler
+from ..layers.init import init_weights
+from ..pretrained import PretrainedMixin
 from .config import VisualBertConfig
-from .encoder import BertEncoder, Pooler, init_bert_weights
 
 
 @dataclass
@@ -82,16 +85,19 @@ class VisualBertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(torch.cat([text, regions], dim=1)))
 
 
-class VisualBert(nn.Module):
+class VisualBert(PretrainedMixin, nn.Module):
     """The VisualBERT backbone: embeddings, one BERT encoder, pooler."""
+
+    config_class = VisualBertConfig
+    base_model_prefix = ""
 
     def __init__(self, cfg: VisualBertConfig):
         super().__init__()
         self.config = cfg
         self.embeddings = VisualBertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
-        self.pooler = Pooler(cfg)
-        self.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+        self.pooler = Pooler(cfg.hidden_size)
+        self.apply(lambda m: init_weights(m, cfg.initializer_range))
         if cfg.special_visual_initialize:
             with torch.no_grad():
                 emb = self.embeddings

@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.bert import MaskedLMPredictions
+from ..layers.init import init_weights
+from ..pretrained import PretrainedMixin
 from .config import VisualBertConfig
-from .encoder import MaskedLMPredictions, init_bert_weights
 from .modeling import VisualBert
 
 
@@ -37,15 +39,18 @@ class PreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
 
 
-class VisualBertForPreTraining(nn.Module):
+class VisualBertForPreTraining(PretrainedMixin, nn.Module):
     """VisualBERT with the two pre-training objectives of the paper (module names as transformers')."""
+
+    config_class = VisualBertConfig
+    base_model_prefix = "visual_bert."
 
     def __init__(self, cfg: VisualBertConfig):
         super().__init__()
         self.config = cfg
         self.visual_bert = VisualBert(cfg)
         self.cls = PreTrainingHeads(cfg)
-        self.cls.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+        self.cls.apply(lambda m: init_weights(m, cfg.initializer_range))
 
     def forward(
         self,

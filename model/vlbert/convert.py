@@ -10,17 +10,20 @@ region features); its weights, like any other unused name, are listed in the rep
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..visualbert.convert import ConversionReport, read_weights
+from ..foreign import ConversionReport, read_weights
 from .config import VlBertConfig
 from .heads import VlBertForNLVR2, VlBertForQuestionAnswering
 from .modeling import VlBert
 from .pretraining import VlBertForPreTraining
+
+log = logging.getLogger(__name__)
 
 # (release prefix after `module.`, ours in a head class); first match wins.
 _RENAMES = (
@@ -135,3 +138,14 @@ def read_release_file(
     else:
         model = VlBert(cfg)
     return model, load_release_state(model, state, str(path))
+
+
+def convert_vlbert(src: str | Path, dst_dir: str | Path, num_attention_heads: int | None = None) -> Path:
+    """A VL-BERT release checkpoint (`vl-bert_base_res101_pretrain_multitask_cc_wiki.model`, a VQA
+    fine-tuned `.model`) -> an xmodal directory. Every weight name is accounted for in the log."""
+    model, report = read_release_file(src, num_attention_heads)
+    report.log()
+    dst = Path(dst_dir)
+    model.save_pretrained(dst)
+    log.info("converted %s (%s) -> %s", src, type(model).__name__, dst)
+    return dst

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..visualbert.encoder import PredictionTransform, init_bert_weights
-from ..visualbert.outputs import ClassificationOutput
+from ..layers.bert import PredictionTransform
+from ..layers.init import init_weights
+from ..outputs import ClassificationOutput
+from ..pretrained import PretrainedMixin
 from .config import VlBertConfig
 from .modeling import VlBert
 
@@ -40,9 +42,12 @@ def with_answer_segment(
     return ids, mask, types, answer_at
 
 
-class VlBertForQuestionAnswering(nn.Module):
+class VlBertForQuestionAnswering(PretrainedMixin, nn.Module):
     """The [MASK] state of the answer segment -> `final_mlp` (MLM transform, dropout, Linear(H, A));
     soft-score BCE x A, as the release trains it."""
+
+    config_class = VlBertConfig
+    base_model_prefix = "vlbert."
 
     def __init__(self, cfg: VlBertConfig, num_answers: int):
         super().__init__()
@@ -54,7 +59,7 @@ class VlBertForQuestionAnswering(nn.Module):
             nn.Dropout(cfg.classifier_dropout_prob),
             nn.Linear(cfg.hidden_size, num_answers),
         )
-        self.final_mlp.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+        self.final_mlp.apply(lambda m: init_weights(m, cfg.initializer_range))
 
     def init_kwargs(self) -> dict[str, int]:
         return {"num_answers": self.num_answers}
@@ -94,9 +99,12 @@ class VlBertForQuestionAnswering(nn.Module):
         )
 
 
-class VlBertForNLVR2(nn.Module):
+class VlBertForNLVR2(PretrainedMixin, nn.Module):
     """One sentence, two images: [CLS](s, img0) ⊕ [CLS](s, img1) -> `final_mlp` (dropout, Linear(2H, H),
     ReLU, dropout, Linear(H, 2)), the release's two-layer classifier."""
+
+    config_class = VlBertConfig
+    base_model_prefix = "vlbert."
 
     def __init__(self, cfg: VlBertConfig):
         super().__init__()
@@ -106,7 +114,7 @@ class VlBertForNLVR2(nn.Module):
         self.final_mlp = nn.Sequential(
             nn.Dropout(p), nn.Linear(2 * h, h), nn.ReLU(), nn.Dropout(p), nn.Linear(h, 2)
         )
-        self.final_mlp.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+        self.final_mlp.apply(lambda m: init_weights(m, cfg.initializer_range))
 
     def forward(
         self,

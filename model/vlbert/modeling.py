@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..visualbert.encoder import BertEncoder, init_bert_weights
+from ..layers.bert import BertEncoder
+from ..layers.init import init_weights
+from ..pretrained import PretrainedMixin
 from .config import VlBertConfig
 from .geometry import box_geometry
 
@@ -49,8 +51,11 @@ class VlBertOutput:
         return self.sequence_output[:, start : start + self.num_regions]
 
 
-class VlBert(nn.Module):
+class VlBert(PretrainedMixin, nn.Module):
     """The VL-BERT backbone (`vlbert.*` of the release, with its visual feature embedding)."""
+
+    config_class = VlBertConfig
+    base_model_prefix = ""
 
     def __init__(self, cfg: VlBertConfig):
         super().__init__()
@@ -71,7 +76,7 @@ class VlBert(nn.Module):
             nn.ReLU(),
         )
         self.encoder = BertEncoder(cfg)
-        self.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+        self.apply(lambda m: init_weights(m, cfg.initializer_range))
         with torch.no_grad():
             self.visual_ln_text.weight.zero_()
             self.visual_ln_object.weight.zero_()

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..visualbert.encoder import MaskedLMPredictions, init_bert_weights
+from ..layers.bert import MaskedLMPredictions
+from ..layers.init import init_weights
+from ..pretrained import PretrainedMixin
 from .config import VlBertConfig
 from .modeling import VlBert
 
@@ -63,8 +65,11 @@ class MVRCHead(nn.Module):
         return self.region_cls_pred(self.transform(x))
 
 
-class VlBertForPreTraining(nn.Module):
+class VlBertForPreTraining(PretrainedMixin, nn.Module):
     """VL-BERT with the masked-LM and masked-RoI-classification heads (release names)."""
+
+    config_class = VlBertConfig
+    base_model_prefix = "vlbert."
 
     def __init__(self, cfg: VlBertConfig):
         super().__init__()
@@ -75,7 +80,7 @@ class VlBertForPreTraining(nn.Module):
         self.object_mask_visual_embedding = nn.Embedding(1, cfg.visual_feat_dim)
         self.object_mask_word_embedding = nn.Embedding(1, cfg.hidden_size)
         for module in (self.mlm_head, self.mvrc_head, self.object_mask_word_embedding):
-            module.apply(lambda m: init_bert_weights(m, cfg.initializer_range))
+            module.apply(lambda m: init_weights(m, cfg.initializer_range))
         nn.init.zeros_(self.object_mask_visual_embedding.weight)
 
     def forward(

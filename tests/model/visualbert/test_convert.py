@@ -58,7 +58,8 @@ def test_other_heads_load_the_backbone_and_report_theirs(tmp_path, vb):
 
 
 def test_backbone_directory_into_a_head_class_reports_the_head_missing(tmp_path, vb):
-    from model.visualbert.convert import load_hf_state, read_weights
+    from model.foreign import read_weights
+    from model.visualbert.convert import load_hf_state
 
     cfg = vb.small_config()
     transformers.VisualBertModel(vb.hf_config(cfg)).save_pretrained(tmp_path)
@@ -77,3 +78,26 @@ def test_unsupported_settings_are_refused(tmp_path, vb):
     (tmp_path / "config.json").write_text(json.dumps({**meta, "model_type": "bert"}))
     with pytest.raises(ValueError, match="not a transformers VisualBERT"):
         read_hf_dir(tmp_path)
+
+
+def test_convert_writes_an_xmodal_directory_and_from_pretrained_reads_transformers_too(tmp_path, vb):
+    from model import read_config
+    from model.visualbert import convert_visualbert
+
+    cfg = vb.small_config()
+    hf_cfg = vb.hf_config(cfg)
+    hf_cfg.num_labels = 4
+    hf = transformers.VisualBertForQuestionAnswering(hf_cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    inputs = vb.make_inputs(cfg)
+    with torch.no_grad():
+        expected = hf(**vb.hf_inputs(inputs)).logits
+    converted = convert_visualbert(tmp_path / "hf", tmp_path / "ours")
+    assert read_config(converted)[:1] == ("VisualBertForQuestionAnswering",)
+    for directory in (converted, tmp_path / "hf"):
+        model = VisualBertForQuestionAnswering.from_pretrained(directory).eval()
+        assert model.num_answers == 4
+        with torch.no_grad():
+            torch.testing.assert_close(model(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
+    backbone = VisualBert.from_pretrained(tmp_path / "hf")  # the head's weights are left out
+    assert set(backbone.state_dict()) == {k.removeprefix("visual_bert.") for k in hf.visual_bert.state_dict()}

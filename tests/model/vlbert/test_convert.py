@@ -152,3 +152,17 @@ def test_missing_backbone_weight_is_an_error(tmp_path):
     write_release(tmp_path / "cut.model", layout)
     with pytest.raises(ValueError, match="end_embedding"):
         read_release_file(tmp_path / "cut.model", num_attention_heads=2)
+
+
+def test_convert_writes_a_directory_every_role_loads(tmp_path):
+    from model import read_config
+    from model.vlbert import VlBertForNLVR2, convert_vlbert
+
+    cfg = VlBertConfig.preset("tiny", **CFG)
+    state = write_release(tmp_path / "vqa.model", release_layout(cfg, "vqa", answers=7))
+    directory = convert_vlbert(tmp_path / "vqa.model", tmp_path / "ours", num_attention_heads=2)
+    assert read_config(directory)[0] == "VlBertForQuestionAnswering"
+    qa = VlBertForQuestionAnswering.from_pretrained(directory)
+    assert qa.num_answers == 7 and torch.equal(qa.final_mlp[2].bias, state["module.final_mlp.2.bias"])
+    pair = VlBertForNLVR2.from_pretrained(directory)  # backbone reused, pair head fresh
+    assert torch.equal(pair.vlbert.end_embedding.weight, state["module.vlbert.end_embedding.weight"])

@@ -1,7 +1,8 @@
-"""BERT's post-LN transformer encoder under BERT's own module names (transformers', VL-BERT's copy).
+"""BERT's post-LN encoder and masked-LM head under BERT's own module names, for one-stream families.
 
-One-stream models run text and regions through this one encoder; keeping BERT's names lets checkpoints
-of transformers' VisualBERT and of the VL-BERT release load key for key.
+VisualBERT and VL-BERT run text and regions through one such encoder. Keeping BERT's names (separate
+`query`/`key`/`value`, `attention.output.LayerNorm`, ...) lets transformers' VisualBERT directories and the
+VL-BERT release load key for key, which is why this is not `attention.MultiHeadAttention`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dropout import Dropout
+
 
 class BertSizes(Protocol):
     hidden_size: int
@@ -22,19 +25,6 @@ class BertSizes(Protocol):
     hidden_dropout_prob: float
     attention_probs_dropout_prob: float
     layer_norm_eps: float
-
-
-def init_bert_weights(module: nn.Module, std: float) -> None:
-    """BERT initialisation: normal(0, std) weights, zero biases, unit LayerNorm."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, 0.0, std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, 0.0, std)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 class SelfAttention(nn.Module):
@@ -78,7 +68,7 @@ class SelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_dim, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(residual + self.dropout(self.dense(h)))
@@ -141,17 +131,6 @@ class BertEncoder(nn.Module):
             x, probs = layer(x, mask, output_attentions)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
-
-
-class Pooler(nn.Module):
-    """`tanh(W h[0])`."""
-
-    def __init__(self, cfg: BertSizes):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(states[:, 0]))
 
 
 class PredictionTransform(nn.Module):
