@@ -13,7 +13,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("features", "inspect, verify, import, export, merge and draw region-feature stores"),
     ("extract", "extract region features from image folders with Ray"),
     ("submit", "submit any xmodal command to a Ray cluster as a Ray Job"),
-    ("convert", "convert detector or LXMERT checkpoints"),
+    ("convert", "convert detector, LXMERT, VL-BERT or VisualBERT checkpoints"),
     ("vocab", "build a WordPiece vocabulary"),
     ("pretrain", "pre-train LXMERT on the five tasks"),
     ("finetune", "fine-tune on VQA, GQA or NLVR2"),

@@ -1,4 +1,4 @@
-"""`xmodal convert detector|lxmert`: bring released checkpoints into xmodal's safetensors layout."""
+"""`xmodal convert detector|lxmert|vlbert|visualbert`: bring released checkpoints into xmodal's layout."""
 
 from __future__ import annotations
 
@@ -27,6 +27,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "VQA BEST.pth): checked against the head's rows and written as DST/ans2label.json, from which "
         "`xmodal finetune --init DST` seeds its answer head",
     )
+    vl = sub.add_parser(
+        "vlbert", help="VL-BERT release checkpoint ({'state_dict'}, module.*) -> xmodal directory"
+    )
+    vl.add_argument("src", help="a jackroos/VL-BERT .model file (pre-trained or VQA fine-tuned)")
+    vl.add_argument("dst", help="output directory")
+    vl.add_argument(
+        "--num-attention-heads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the file does not store it: hidden size / 64 unless given (12 for base, 16 for large)",
+    )
+    vb = sub.add_parser("visualbert", help="transformers VisualBERT directory -> xmodal directory")
+    vb.add_argument("src", help="a directory with config.json and model.safetensors or pytorch_model.bin")
+    vb.add_argument("dst", help="output directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +52,14 @@ def run(args: argparse.Namespace) -> int:
             from extraction.weights import convert_detector_checkpoint
 
             convert_detector_checkpoint(args.src, args.dst, strict=args.strict)
+        elif args.kind == "vlbert":
+            from model.vlbert import convert_vlbert
+
+            print(f"{convert_vlbert(args.src, args.dst, args.num_attention_heads)}: converted")
+        elif args.kind == "visualbert":
+            from model.visualbert import convert_visualbert
+
+            print(f"{convert_visualbert(args.src, args.dst)}: converted")
         else:
             _convert_lxmert(args)
     except (ValueError, OSError, SafetensorError) as exc:
