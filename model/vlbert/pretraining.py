@@ -9,6 +9,7 @@ region leaks through it (the release zeroes a masked RoI's pixels before its who
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,7 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
 
     config_class = VlBertConfig
     base_model_prefix = "vlbert."
+    whole_word_masking: ClassVar[bool] = True  # the recipe: a word's pieces are masked together
 
     def __init__(self, cfg: VlBertConfig):
         super().__init__()

@@ -36,6 +36,32 @@ def mask_tokens(
     return out, np.where(picked, ids, -100)
 
 
+def mask_words(
+    ids: np.ndarray,
+    maskable: np.ndarray,
+    continues: np.ndarray,
+    rng: np.random.Generator,
+    vocab_size: int,
+    mask_id: int,
+    prob: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-word masking: pick each maskable word (a piece and the `continues` pieces after it, "##...")
+    with `prob`; all its pieces then become [MASK] (80%), random tokens (10%) or stay (10%), one fate per
+    word. Returns (new ids, labels: the original id where picked, -100 elsewhere)."""
+    word = np.cumsum(~continues, axis=1)  # word index of each piece within its row
+    word_picked = rng.random(ids.shape) < prob  # drawn per word start, read through `word`
+    word_fate = rng.random(ids.shape)
+    starts = np.argmax(word[:, :, None] == word[:, None, :], axis=2)  # first piece of each piece's word
+    rows = np.arange(ids.shape[0])[:, None]
+    picked = word_picked[rows, starts] & maskable
+    fate = word_fate[rows, starts]
+    out = ids.copy()
+    out[picked & (fate < 0.8)] = mask_id
+    swap = picked & (fate >= 0.8) & (fate < 0.9)
+    out[swap] = rng.integers(0, vocab_size, size=int(swap.sum()))
+    return out, np.where(picked, ids, -100)
+
+
 def mask_objects(
     feats: np.ndarray, valid: np.ndarray, group: np.ndarray, rng: np.random.Generator, prob: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -83,6 +109,10 @@ class MaskingConfig:
     max_seq_len: int = 20
     # the release weights label losses by detector confidence on all objects; "masked" only on picked ones
     object_loss_on: Literal["all", "masked"] = "all"
+    # VL-BERT's recipe: mask whole words; name the masked regions and give the detector's class
+    # distribution (or its top class) as their targets
+    whole_words: bool = False
+    masked_regions: bool = False
 
 
 class PretrainCollator:
@@ -130,9 +160,17 @@ class PretrainCollator:
         }
         if cfg.mlm:
             maskable = ~np.isin(ids, self.special_ids) & (attention == 1)
-            masked, lm_labels = mask_tokens(
-                ids, maskable, rng, self.vocab_size, self.tokenizer.mask_token_id, cfg.mlm_prob
-            )
+            mask_id = self.tokenizer.mask_token_id
+            if cfg.whole_words:
+                pieces = np.array(self.tokenizer.convert_ids_to_tokens(ids.ravel().tolist())).reshape(
+                    ids.shape
+                )
+                continues = np.char.startswith(pieces, "##") & maskable
+                masked, lm_labels = mask_words(
+                    ids, maskable, continues, rng, self.vocab_size, mask_id, cfg.mlm_prob
+                )
+            else:
+                masked, lm_labels = mask_tokens(ids, maskable, rng, self.vocab_size, mask_id, cfg.mlm_prob)
             batch["input_ids"] = torch.from_numpy(masked)
             batch["lm_labels"] = torch.from_numpy(lm_labels)
         else:
@@ -154,7 +192,21 @@ class PretrainCollator:
             masked_feats, picked = mask_objects(feats, valid, group, rng, cfg.object_prob)
             batch["visual_feats"] = torch.from_numpy(masked_feats)
             chosen = picked if cfg.object_loss_on == "masked" else valid
-            if cfg.obj:
+            if cfg.masked_regions:
+                batch["masked_regions"] = torch.from_numpy(picked)
+                chosen = picked
+                probs = [item.get("class_probs") for item in items]
+                if all(p is not None for p in probs):
+                    targets = np.zeros((b, n, probs[0].shape[1]), dtype=np.float32)
+                    for k, p in enumerate(probs):
+                        targets[k, : p.shape[0]] = p
+                    batch["region_targets"] = torch.from_numpy(targets)
+            if cfg.obj and cfg.masked_regions:
+                # class_probs' index: background first, so object k is class k + 1; unknown labels weigh 0
+                known = obj >= 0
+                batch["obj_labels"] = torch.from_numpy(np.where(known, obj + 1, 0))
+                batch["obj_weights"] = torch.from_numpy(obj_conf * chosen * known)
+            elif cfg.obj:
                 batch["obj_labels"] = torch.from_numpy(obj)
                 batch["obj_weights"] = torch.from_numpy(obj_conf * chosen)
             if cfg.attr:

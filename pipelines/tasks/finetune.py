@@ -19,6 +19,7 @@ from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.examples import Example, check_images
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
+from pipelines.tasks.model_setup import data_overrides
 from storage import FeatureReader
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,8 @@ class FinetuneTask:
                 "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use",
                 cfg.preset,
             )
-            return config_class.preset(cfg.preset, **{"vocab_size": len(self.tokenizer), **cfg.model})
+            overrides = data_overrides(config_class, self.tokenizer)
+            return config_class.preset(cfg.preset, **{**overrides, **cfg.model})
         return config_class.from_dict({**_saved_model_config(Path(cfg.init)), **cfg.model})
 
     # ---- the Task protocol

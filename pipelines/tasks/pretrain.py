@@ -21,30 +21,13 @@ from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
+from pipelines.tasks.model_setup import data_overrides, forward_parameters, objectives_of
 from storage import FeatureReader
 
 if TYPE_CHECKING:
     from model import PreTrainingOutput
 
 log = logging.getLogger(__name__)
-
-MODEL_INPUTS = (
-    "input_ids",
-    "attention_mask",
-    "token_type_ids",
-    "visual_feats",
-    "visual_pos",
-    "visual_attention_mask",
-    "lm_labels",
-    "matched_labels",
-    "obj_labels",
-    "obj_weights",
-    "attr_labels",
-    "attr_weights",
-    "feat_targets",
-    "feat_weights",
-    "answer_labels",
-)
 
 
 @dataclass
@@ -111,7 +94,14 @@ class PretrainTask:
                 answers = AnswerTable.build(labels, cfg.answer_min_count, cfg.max_answers)
         self.answers = answers
         self.train_examples, self.valid_examples = train, valid
-        masking = cfg.masking
+        self.family = get_family(cfg.arch)
+        self.model_inputs = forward_parameters(self.family.models["pretraining"])
+        masking = objectives_of(self.family.models["pretraining"], cfg.masking)
+        if masking.masked_regions and self.features[train[0].img_id].class_probs is None:
+            log.warning(
+                "the store holds no class_probs: masked RoI classification learns the detector's top "
+                "class, weighted by its confidence"
+            )
         if masking.qa and len(answers) == 0:
             log.warning("no answer in the training labels: image QA is switched off")
             masking = dataclasses.replace(masking, qa=False)
@@ -127,14 +117,15 @@ class PretrainTask:
 
     # ---- Task protocol
     def build_model(self) -> torch.nn.Module:
-        overrides = {
-            "vocab_size": len(self.tokenizer),
-            "visual_feat_dim": self.features.feature_dim,
-            "num_qa_labels": max(1, len(self.answers)),
-            **self.config.model,
-        }
-        family = get_family(self.config.arch)
-        return family.models["pretraining"](family.config_class.preset(self.config.preset, **overrides))
+        family = self.family
+        overrides = data_overrides(
+            family.config_class,
+            self.tokenizer,
+            visual_feat_dim=self.features.feature_dim,
+            num_qa_labels=max(1, len(self.answers)),
+        )
+        config = family.config_class.preset(self.config.preset, **{**overrides, **self.config.model})
+        return family.models["pretraining"](config)
 
     def train_dataset(self) -> PretrainDataset:
         return PretrainDataset(self.train_examples, self.features, self._answer_labels(self.train_examples))
@@ -183,7 +174,7 @@ class PretrainTask:
             sums["loss"] = sums.get("loss", 0.0) + float(total)
             for k, v in out.losses.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-            if out.matched_logits is not None and "matched_labels" in batch:
+            if getattr(out, "matched_logits", None) is not None and "matched_labels" in batch:
                 labels = batch["matched_labels"]
                 matched[0] += int((out.matched_logits.argmax(-1) == labels).sum())
                 matched[1] += labels.numel()
@@ -204,7 +195,7 @@ class PretrainTask:
 
     def _forward(self, model: torch.nn.Module, batch: dict) -> tuple[PreTrainingOutput, torch.Tensor]:
         """The model on the batch (without QA labels before QA starts) and the loss with `qa_weight`."""
-        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        inputs = {k: batch[k] for k in self.model_inputs if k in batch}
         if not self.qa_active:
             inputs.pop("answer_labels", None)
         out = model(**inputs)

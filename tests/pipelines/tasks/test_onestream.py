@@ -1,0 +1,149 @@
+"""VL-BERT and VisualBERT through the same tasks as LXMERT: pre-training objectives, fine-tuning, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model import get_family
+from pipelines.cli import main as xmodal
+from pipelines.data.masking import MaskingConfig
+from pipelines.engine import config_io
+from pipelines.engine.launch import fit
+from pipelines.engine.run_log import read_metrics
+from pipelines.tasks.model_setup import objectives_of
+from pipelines.tasks.pretrain import PretrainRun, PretrainTask
+
+from .synthetic_pretrain import make_pretrain_data
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ARCHES = ("vlbert", "visualbert")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_pretrain_data(tmp_path_factory.mktemp("onestream_data"))
+
+
+def test_each_family_gets_the_objectives_its_heads_have():
+    vl = objectives_of(get_family("vlbert").models["pretraining"], MaskingConfig())
+    assert (vl.mlm, vl.whole_words, vl.masked_regions, vl.obj) == (True, True, True, True)
+    assert not (vl.matched or vl.qa or vl.attr or vl.feat)  # no mismatched captions: no matching head
+    vb = objectives_of(get_family("visualbert").models["pretraining"], MaskingConfig())
+    assert (vb.mlm, vb.matched) == (True, True)
+    assert not (vb.whole_words or vb.masked_regions or vb.obj or vb.attr or vb.feat or vb.qa)
+    lx = objectives_of(get_family("lxmert").models["pretraining"], MaskingConfig())
+    assert lx == MaskingConfig()
+
+
+def _pretrain_args(data, out, arch: str, *extra: str) -> list[str]:
+    return [
+        "pretrain",
+        "--arch",
+        arch,
+        "--features",
+        str(data.features),
+        "--train",
+        str(data.train),
+        "--vocab",
+        str(data.vocab),
+        "--out",
+        str(out),
+        "task.preset=tiny",
+        "train.loader_workers=0",
+        "train.log_every=1",
+        "train.warmup_ratio=0.1",
+        "train.batch_size=16",
+        "train.lr=3e-3",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_pretraining_losses_fall(data, tmp_path, arch, caplog):
+    out = tmp_path / arch
+    assert xmodal(_pretrain_args(data, out, arch, "--max-steps", "40")) == 0
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    expected = {"vlbert": {"mlm", "mvrc"}, "visualbert": {"mlm", "matched"}}[arch]
+    assert expected <= set(rows[0])
+    first = sum(r["loss"] for r in rows[:4]) / 4
+    last = sum(r["loss"] for r in rows[-4:]) / 4
+    assert last < 0.8 * first, (first, last)
+    if arch == "vlbert":  # the generated store has no class_probs: said once
+        assert sum("no class_probs" in r.getMessage() for r in caplog.records) == 1
+    saved = json.loads((out / "last" / "config.json").read_text())
+    assert saved["family"] == arch
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashingTask(PretrainTask):
+    def __init__(self, *args, after: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls, self.after = 0, after
+
+    def loss(self, model, batch):
+        self.calls += 1
+        if self.calls > self.after:
+            raise _Crash
+        return super().loss(model, batch)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_pretraining_resumes_exactly(data, tmp_path, arch):
+    overrides = ["task.preset=tiny", "train.loader_workers=0", "train.log_every=1"]
+    run = config_io.load(PretrainRun, None, overrides)
+    task = {
+        "arch": arch,
+        "features": [str(data.features)],
+        "train_files": [str(data.train)],
+        "vocab": str(data.vocab),
+    }
+    run = config_io.merge(run, {"task": task, "train": {"batch_size": 8, "lr": 1e-3, "max_steps": 4}})
+    fit(PretrainTask(run.task), run.train, tmp_path / "straight")
+    halves = tmp_path / "halves"
+    with pytest.raises(_Crash):
+        first = config_io.merge(run, {"train": {"save_every": 2}})
+        fit(_CrashingTask(run.task, after=2), first.train, halves)
+    fit(PretrainTask(run.task), run.train, halves, resume=True)
+    a = load_file(tmp_path / "straight" / "last" / "model.safetensors")
+    b = load_file(halves / "last" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+
+
+def _vqa_files(data, root):
+    """VQA rows from the generated questions ("what color is the star?", answered by its colour)."""
+    files = {}
+    for split, source in (("train", data.train), ("valid", data.valid)):
+        rows = []
+        for row in json.loads(source.read_text()):
+            for question, label in zip(row["sentf"]["vqa"], row["labelf"]["vqa"], strict=True):
+                rows.append(
+                    {"question_id": len(rows), "img_id": row["img_id"], "sent": question, "label": label}
+                )
+        files[split] = root / f"vqa_{split}.json"
+        files[split].write_text(json.dumps(rows))
+    return files
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHES)
+def test_vqa_fine_tuning_learns_from_the_image(data, tmp_path, arch):
+    files = _vqa_files(data, tmp_path)
+    out = tmp_path / arch
+    argv = [
+        "finetune", "vqa", "--arch", arch, "--features", str(data.features), "--train", str(files["train"]),
+        "--valid", str(files["valid"]), "--vocab", str(data.vocab), "--out", str(out), "--epochs", "20",
+        "--batch-size", "16", "--lr", "3e-3", "task.preset=tiny", "task.model={visual_feat_dim: 32}",
+        "train.loader_workers=0", "train.log_every=4",
+    ]  # fmt: skip
+    assert xmodal(argv) == 0
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["value"] > 20 + 25, best  # five colours: chance is 20 %
