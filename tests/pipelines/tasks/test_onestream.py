@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -16,8 +17,9 @@ from pipelines.engine.launch import fit
 from pipelines.engine.run_log import read_metrics
 from pipelines.tasks.model_setup import objectives_of
 from pipelines.tasks.pretrain import PretrainRun, PretrainTask
+from storage import FeatureWriter, RegionFeatures
 
-from .synthetic_pretrain import make_pretrain_data
+from .synthetic_pretrain import COLOURS, FEATURE_DIM, SHAPES, make_pretrain_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ARCHES = ("vlbert", "visualbert")
@@ -118,32 +120,55 @@ def test_pretraining_resumes_exactly(data, tmp_path, arch):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
 
 
-def _vqa_files(data, root):
-    """VQA rows from the generated questions ("what color is the star?", answered by its colour)."""
-    files = {}
-    for split, source in (("train", data.train), ("valid", data.valid)):
-        rows = []
-        for row in json.loads(source.read_text()):
-            for question, label in zip(row["sentf"]["vqa"], row["labelf"]["vqa"], strict=True):
-                rows.append(
-                    {"question_id": len(rows), "img_id": row["img_id"], "sent": question, "label": label}
+def _vqa_problem(root):
+    """A store whose images hold 2-3 regions of one colour (features: shape + colour prototypes) and VQA
+    files asking for it: the answer is in the regions only."""
+    rng = np.random.default_rng(1)
+    shape_protos = rng.uniform(0, 1, size=(len(SHAPES), FEATURE_DIM))
+    colour_protos = rng.uniform(0, 1, size=(len(COLOURS), FEATURE_DIM))
+    store = root / "vqa.lmdb"
+    rows = []
+    with FeatureWriter(store, feature_dim=FEATURE_DIM, max_boxes=3, dtype="float32") as writer:
+        for i in range(120):
+            n, colour = int(rng.integers(2, 4)), int(rng.integers(len(COLOURS)))
+            shapes = rng.integers(len(SHAPES), size=n)
+            feats = shape_protos[shapes] + colour_protos[colour] + 0.05 * rng.normal(size=(n, FEATURE_DIM))
+            xy = rng.uniform(0, 80, size=(n, 2))
+            writer.put(
+                RegionFeatures(
+                    img_id=f"q{i:03d}", img_h=120, img_w=160,
+                    boxes=np.concatenate([xy, xy + 30], axis=1).astype(np.float32),
+                    features=feats.astype(np.float32), objects_id=shapes.astype(np.int64),
+                    objects_conf=np.ones(n, np.float32), attrs_id=np.full(n, colour, np.int64),
+                    attrs_conf=np.ones(n, np.float32),
                 )
+            )  # fmt: skip
+            rows.append({"question_id": i, "img_id": f"q{i:03d}", "sent": "what color is the circle?",
+                         "label": {COLOURS[colour]: 1.0}})  # fmt: skip
+    files = {"features": store}
+    for split, chosen in (("train", rows[:96]), ("valid", rows[96:])):
         files[split] = root / f"vqa_{split}.json"
-        files[split].write_text(json.dumps(rows))
+        files[split].write_text(json.dumps(chosen))
     return files
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHES)
 def test_vqa_fine_tuning_learns_from_the_image(data, tmp_path, arch):
-    files = _vqa_files(data, tmp_path)
+    files = _vqa_problem(tmp_path)
     out = tmp_path / arch
+    features = str(files["features"])
     argv = [
-        "finetune", "vqa", "--arch", arch, "--features", str(data.features), "--train", str(files["train"]),
-        "--valid", str(files["valid"]), "--vocab", str(data.vocab), "--out", str(out), "--epochs", "20",
+        "finetune", "vqa", "--arch", arch, "--features", features, "--train", str(files["train"]),
+        "--valid", str(files["valid"]), "--vocab", str(data.vocab), "--out", str(out), "--epochs", "25",
         "--batch-size", "16", "--lr", "3e-3", "task.preset=tiny", "task.model={visual_feat_dim: 32}",
         "train.loader_workers=0", "train.log_every=4",
     ]  # fmt: skip
     assert xmodal(argv) == 0
     best = json.loads((out / "best" / "best.json").read_text())
     assert best["value"] > 20 + 25, best  # five colours: chance is 20 %
+    preds = tmp_path / "preds.json"
+    evaluate = ["evaluate", "vqa", "--checkpoint", str(out / "best"), "--features", features]
+    assert xmodal([*evaluate, "--split", str(files["valid"]), "--out", str(preds)]) == 0
+    scored = json.loads((tmp_path / "preds.metrics.json").read_text())["accuracy"]
+    assert scored == pytest.approx(best["value"])  # the same scores as validation
