@@ -37,7 +37,6 @@ _OBJECTIVES = {
     "obj_labels": "obj",
     "attr_labels": "attr",
     "feat_targets": "feat",
-    "masked_regions": "masked_regions",
 }
 
 
@@ -47,6 +46,6 @@ def objectives_of(model_class: type[torch.nn.Module], masking: MaskingConfig) ->
     attribute `whole_word_masking = True` asks for whole-word masking."""
     accepted = forward_parameters(model_class)
     switches = {flag: getattr(masking, flag) and label in accepted for label, flag in _OBJECTIVES.items()}
-    switches["masked_regions"] = "masked_regions" in accepted
     whole = masking.whole_words or bool(getattr(model_class, "whole_word_masking", False))
-    return dataclasses.replace(masking, **switches, whole_words=whole)
+    regions = "masked_regions" in accepted
+    return dataclasses.replace(masking, **switches, whole_words=whole, masked_regions=regions)

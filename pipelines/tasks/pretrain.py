@@ -1,4 +1,5 @@
-"""Pre-training as a trainer Task: the five LXMERT tasks over the feature store, with SPEC §2 defaults."""
+"""Pre-training as a trainer Task over the feature store: the objectives of the chosen family's pre-training
+model (LXMERT's five with SPEC §2 defaults, VL-BERT's, VisualBERT's)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class PretrainConfig:
     arch: str = "lxmert"  # the model family (model.architectures.FAMILIES)
     vocab: str = "bert-base-uncased"  # a vocab.txt, a directory holding one, or a hub id
     preset: str = "base"
-    model: dict[str, Any] = field(default_factory=dict)  # LxmertConfig overrides, e.g. {hidden_size: 256}
+    model: dict[str, Any] = field(default_factory=dict)  # model config overrides, e.g. {hidden_size: 256}
     answers: str | None = None  # an ans2label/label2ans JSON to load instead of building the table
     answer_min_count: int = 1
     max_answers: int | None = 9500  # the release's QA head size; most frequent answers first
