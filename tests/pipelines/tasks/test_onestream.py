@@ -10,14 +10,16 @@ import torch
 from safetensors.torch import load_file
 
 from model import get_family
+from pipelines.apps.ask import ask
 from pipelines.cli import main as xmodal
 from pipelines.data.masking import MaskingConfig
 from pipelines.engine import config_io
 from pipelines.engine.launch import fit
 from pipelines.engine.run_log import read_metrics
+from pipelines.tasks.finetuned import load_finetuned
 from pipelines.tasks.model_setup import objectives_of
 from pipelines.tasks.pretrain import PretrainRun, PretrainTask
-from storage import FeatureWriter, RegionFeatures
+from storage import FeatureReader, FeatureWriter, RegionFeatures
 
 from .synthetic_pretrain import COLOURS, FEATURE_DIM, SHAPES, make_pretrain_data
 
@@ -172,3 +174,7 @@ def test_vqa_fine_tuning_learns_from_the_image(data, tmp_path, arch):
     assert xmodal([*evaluate, "--split", str(files["valid"]), "--out", str(preds)]) == 0
     scored = json.loads((tmp_path / "preds.metrics.json").read_text())["accuracy"]
     assert scored == pytest.approx(best["value"])  # the same scores as validation
+    tuned = load_finetuned(out / "best")
+    record = FeatureReader([features])["q100"]
+    result = ask(tuned, record, "what color is the circle?")
+    assert len(result.answers) >= 1 and result.attention.shape == (record.num_boxes,)
