@@ -147,7 +147,7 @@ def _vqa_problem(root):
             )  # fmt: skip
             rows.append({"question_id": i, "img_id": f"q{i:03d}", "sent": "what color is the circle?",
                          "label": {COLOURS[colour]: 1.0}})  # fmt: skip
-    files = {"features": store}
+    files = {"features": store, "colours": [COLOURS.index(next(iter(r["label"]))) for r in rows]}
     for split, chosen in (("train", rows[:96]), ("valid", rows[96:])):
         files[split] = root / f"vqa_{split}.json"
         files[split].write_text(json.dumps(chosen))
@@ -178,3 +178,36 @@ def test_vqa_fine_tuning_learns_from_the_image(data, tmp_path, arch):
     record = FeatureReader([features])["q100"]
     result = ask(tuned, record, "what color is the circle?")
     assert len(result.answers) >= 1 and result.attention.shape == (record.num_boxes,)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_nlvr2_and_gqa_run_through_the_same_commands(data, tmp_path, arch):
+    files = _vqa_problem(tmp_path)
+    rows = []
+    for k in range(40):  # "there is a red circle": true when either image is red
+        pair = [f"q{k:03d}", f"q{(k + 7) % 120:03d}"]
+        label = int(any(files["colours"][int(i[1:])] == 0 for i in pair))
+        rows.append(
+            {
+                "identifier": f"t-{k}-0-0",
+                "img0": pair[0],
+                "img1": pair[1],
+                "sent": "there is a red circle",
+                "label": label,
+            }
+        )
+    nlvr2 = tmp_path / "nlvr2.jsonl"
+    nlvr2.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [
+        "--arch", arch, "--features", str(files["features"]), "--vocab", str(data.vocab), "--max-steps", "3",
+        "--batch-size", "8", "task.preset=tiny", "task.model={visual_feat_dim: 32}", "train.loader_workers=0",
+    ]  # fmt: skip
+    for task, train in (("nlvr2", nlvr2), ("gqa", files["train"])):
+        out = tmp_path / task
+        assert (
+            xmodal(
+                ["finetune", task, "--train", str(train), "--valid", str(train), "--out", str(out), *common]
+            )
+            == 0
+        )
+        assert json.loads((out / "last" / "config.json").read_text())["family"] == arch
