@@ -180,6 +180,7 @@ def test_vqa_fine_tuning_learns_from_the_image(data, tmp_path, arch):
     assert len(result.answers) >= 1 and result.attention.shape == (record.num_boxes,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHES)
 def test_nlvr2_and_gqa_run_through_the_same_commands(data, tmp_path, arch):
     files = _vqa_problem(tmp_path)
