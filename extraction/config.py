@@ -69,6 +69,11 @@ class DetectorConfig:
         if len(self.blocks_per_stage) != 3 or min(*self.blocks_per_stage, self.res5_blocks) < 1:
             raise ValueError(f"need one or more blocks in each of res2..res5, got {self.blocks_per_stage}")
 
+    @property
+    def feature_dim(self) -> int:
+        """Width of a region feature: res5's output channels."""
+        return self.res2_channels * 8
+
     def architecture(self) -> dict:
         """The fields that decide the network's parameters, names and shapes."""
         return {name: getattr(self, name) for name in ARCHITECTURE_FIELDS}

@@ -95,7 +95,8 @@ class Detector:
         ids: list[str] | None = None,
         timings: dict[str, float] | None = None,
     ) -> list[RegionFeatures]:
-        """Regions of each image (BGR uint8 arrays or paths), run as one batch.
+        """Regions of each image (BGR uint8 arrays or paths); an image's regions do not depend on the
+        other images of the call.
 
         `timings`, when given, accumulates seconds per stage (STAGES).
         """
@@ -114,12 +115,14 @@ class Detector:
                     for i, im in enumerate(images)
                 ]
                 resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in originals]
-                batch, sizes = batch_images(resized, cfg.pixel_mean, cfg.pixel_std, self.device)
-            outputs = self.model(batch, sizes, stage)
+                inputs = [
+                    batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
+                ]
+            outputs = self.model(inputs, stage)
             with stage("selection"):
                 return [
-                    to_record(out, img_id, orig.shape[:2], size, self.selection, self._roi_coder)
-                    for out, img_id, orig, size in zip(outputs, ids, originals, sizes, strict=True)
+                    to_record(out, img_id, orig.shape[:2], im.shape[:2], self.selection, self._roi_coder)
+                    for out, img_id, orig, im in zip(outputs, ids, originals, resized, strict=True)
                 ]
 
 

@@ -32,6 +32,21 @@ def decode(out: ImageOutputs, input_hw: tuple[int, int], coder: BoxCoder, with_b
     return Decoded(probs, clip_boxes(boxes, *input_hw))
 
 
+# Per selection rule, whether the attribute softmax includes "no attribute" (the last logit), as the rule's
+# source computes it: caffe's generate_tsv softmaxes all A+1 and then drops "no attribute";
+# py-bottom-up-attention (maxnms, and its detectron2 inference that the threshold rule follows) drops the
+# "no attribute" logit and softmaxes over the A real attributes.
+ATTRIBUTE_SOFTMAX_WITH_NONE: dict[str, bool] = {"caffe": True, "maxnms": False, "threshold": False}
+
+
+def attribute_confidence(attr_logits: torch.Tensor, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(confidence, id) of the best real attribute of each region (R, A+1 logits, "no attribute" last),
+    in the convention of the selection rule's source (ATTRIBUTE_SOFTMAX_WITH_NONE)."""
+    if ATTRIBUTE_SOFTMAX_WITH_NONE[rule]:
+        return F.softmax(attr_logits, dim=-1)[:, :-1].max(dim=1)
+    return F.softmax(attr_logits[:, :-1], dim=-1).max(dim=1)
+
+
 def rescale(boxes: torch.Tensor, input_hw: tuple[int, int], orig_hw: tuple[int, int]) -> torch.Tensor:
     """Boxes in network-input pixels -> original pixels, scaled per axis and clipped (detectron2's
     detector_postprocess)."""
@@ -51,8 +66,7 @@ def to_record(
     """The regions `selection` keeps, with their features, labels and boxes in original pixels."""
     decoded = decode(out, input_hw, coder, RULES[selection.rule].needs_boxes)
     chosen = select(out.proposals, decoded.probs, decoded.boxes, selection)
-    # softmax over all A+1 attributes, then the best real one ("no attribute", last, is excluded)
-    attrs_conf, attrs_id = F.softmax(out.attr_logits[chosen.index], dim=-1)[:, :-1].max(dim=1)
+    attrs_conf, attrs_id = attribute_confidence(out.attr_logits[chosen.index], selection.rule)
     orig_h, orig_w = orig_hw
     return RegionFeatures(
         img_id=img_id,
@@ -64,6 +78,7 @@ def to_record(
         objects_conf=_numpy(chosen.scores, np.float32),
         attrs_id=_numpy(attrs_id, np.int64),
         attrs_conf=_numpy(attrs_conf, np.float32),
+        class_probs=_numpy(decoded.probs[chosen.index], np.float32) if selection.class_probs else None,
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import stat
 import warnings
 from pathlib import Path
 
@@ -12,76 +14,176 @@ import torch
 from PIL import Image, ImageOps
 
 MAX_PIXELS = 50_000_000
+MAX_FILE_BYTES = 64 << 20  # a 50 MP JPEG is ~25 MB; bigger files are refused before they are read
+# the raster formats PIL may open, each decoded at the size its header states: not EPS (run through
+# Ghostscript), ICO (an embedded PNG may be larger than its directory says), PSD, WMF or scientific formats
+PIL_FORMATS = (
+    "AVIF",
+    "BMP",
+    "DIB",
+    "GIF",
+    "JPEG",
+    "JPEG2000",
+    "PCX",
+    "PNG",
+    "PPM",
+    "QOI",
+    "SGI",
+    "SUN",
+    "TGA",
+    "TIFF",
+    "WEBP",
+)
 
 
 class ImageError(ValueError):
     """An image that cannot be used: names the file and the reason."""
 
 
-def load_image(source: str | Path | bytes | np.ndarray, name: str | None = None) -> np.ndarray:
+def load_image(
+    source: str | Path | bytes | np.ndarray,
+    name: str | None = None,
+    max_bytes: int = MAX_FILE_BYTES,
+    max_pixels: int = MAX_PIXELS,
+) -> np.ndarray:
     """Decode a file path, encoded bytes or an array into a BGR uint8 (H, W, 3) array.
 
     Handles grayscale, alpha (dropped), palette, 16-bit, CMYK and EXIF orientation; raises ImageError
-    for empty, truncated, non-image, zero-pixel or larger than 50 MP images.
+    for empty, truncated, non-image or zero-pixel images, files over `max_bytes` and images over
+    `max_pixels` (read from the header, before any pixel is decoded). Paths must name regular files
+    (symlinks to them are fine): a FIFO, a device or a directory is refused at once, never read.
     """
     if isinstance(source, np.ndarray):
-        return _from_array(source, name or "array")
+        return _from_array(source, name or "array", max_pixels)
     if isinstance(source, (bytes, bytearray)):
-        return _decode(bytes(source), name or "<bytes>")
+        label = name or "<bytes>"
+        if len(source) > max_bytes:
+            raise ImageError(_too_big(label, len(source), max_bytes))
+        return _decode(bytes(source), label, max_pixels)
     path = Path(source)
     label = name or str(path)
+    return _decode(_read_regular_file(path, label, max_bytes), label, max_pixels)
+
+
+def _read_regular_file(path: Path, label: str, max_bytes: int) -> bytes:
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ImageError(f"image {label!r} cannot be read ({exc.strerror or exc}); check the path") from exc
-    return _decode(data, label)
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise ImageError(
+            f"image {label!r} cannot be read ({getattr(exc, 'strerror', None) or exc}); check the path"
+        ) from exc
+    info = os.fstat(fd)
+    refusal = None
+    if not stat.S_ISREG(info.st_mode):
+        refusal = (
+            f"image {label!r} is {_file_kind(info.st_mode)}, not a regular file; remove it from the input"
+        )
+    elif info.st_size > max_bytes:
+        refusal = _too_big(label, info.st_size, max_bytes)
+    if refusal is not None:
+        os.close(fd)
+        raise ImageError(refusal)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as exc:
+            raise ImageError(f"image {label!r} cannot be read ({exc.strerror or exc})") from exc
+    if len(data) > max_bytes:  # it grew while we looked
+        raise ImageError(_too_big(label, len(data), max_bytes))
+    return data
 
 
-def _decode(data: bytes, label: str) -> np.ndarray:
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    return next((kind for test, kind in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def _too_big(label: str, size: int, max_bytes: int) -> str:
+    return (
+        f"image {label!r} is {size / 2**20:.1f} MiB, above the {max_bytes / 2**20:.0f} MiB file limit; "
+        "downscale or re-encode it (or raise max_bytes)"
+    )
+
+
+def _decode(data: bytes, label: str, max_pixels: int) -> np.ndarray:
     if not data:
         raise ImageError(f"image {label!r} is an empty (0-byte) file; re-download or remove it")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            _check_size(img.width, img.height, label)
+            img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
+            _check_size(img.width, img.height, label, max_pixels)  # from the header: nothing decoded yet
             img.load()
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(f"image {label!r} is too large to decode ({exc})") from exc
     except Image.UnidentifiedImageError:
-        return _decode_with_opencv(data, label)
+        return _decode_with_opencv(data, label, max_pixels)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(
             f"image {label!r} is truncated or corrupt (PIL: {exc}); re-encode or remove it"
         ) from exc
     img = ImageOps.exif_transpose(img)
-    return _pil_to_bgr(img, label)
+    return _pil_to_bgr(img, label, max_pixels)
 
 
-def _decode_with_opencv(data: bytes, label: str) -> np.ndarray:
-    """Formats PIL does not know (e.g. EXR, some TIFFs) still get a chance through OpenCV."""
+def _decode_with_opencv(data: bytes, label: str, max_pixels: int) -> np.ndarray:
+    """Formats PIL does not read (Radiance HDR, PFM) go to OpenCV, whose imdecode allocates the whole
+    image before any check of ours: only formats whose header gives us the size first are passed on."""
+    size = _opencv_header_size(data)
+    if size is None:
+        raise ImageError(f"{label!r} is not an image PIL or OpenCV can decode; remove it from the input")
+    _check_size(*size, label, max_pixels)
     arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if arr is None:
-        raise ImageError(f"{label!r} is not an image PIL or OpenCV can decode; remove it from the input")
-    return _from_array(arr, label)
+        raise ImageError(f"image {label!r} is truncated or corrupt (OpenCV cannot decode it); remove it")
+    return _from_array(arr, label, max_pixels)
 
 
-def _check_size(width: int, height: int, label: str) -> None:
+def _opencv_header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a Radiance HDR or PFM header, or None for any other content."""
+    head = data[:4096]
+    if head.startswith((b"#?RADIANCE", b"#?RGBE")):
+        # header lines, an empty line, then the resolution line: "-Y 480 +X 640" (axes in either order)
+        _, sep, rest = head.partition(b"\n\n")
+        tokens = rest.split(b"\n", 1)[0].split() if sep else []
+        if len(tokens) == 4 and {tokens[0][1:], tokens[2][1:]} == {b"X", b"Y"}:
+            dims = {tokens[0][1:]: tokens[1], tokens[2][1:]: tokens[3]}
+            if dims[b"X"].isdigit() and dims[b"Y"].isdigit():
+                return int(dims[b"X"]), int(dims[b"Y"])
+        return 0, 0  # an HDR file without a readable size: refused as having no pixels
+    if head[:2] in (b"PF", b"Pf") and head[2:3].isspace():
+        tokens = head[3:64].split()
+        if len(tokens) >= 2 and tokens[0].isdigit() and tokens[1].isdigit():
+            return int(tokens[0]), int(tokens[1])
+        return 0, 0
+    return None
+
+
+def _check_size(width: int, height: int, label: str, max_pixels: int) -> None:
     if width <= 0 or height <= 0:
         raise ImageError(f"image {label!r} has no pixels ({width}x{height})")
-    if width * height > MAX_PIXELS:
+    if width * height > max_pixels:
         raise ImageError(
             f"image {label!r} is {width}x{height} = {width * height / 1e6:.1f} MP, above the "
-            f"{MAX_PIXELS / 1e6:.0f} MP limit; downscale it first"
+            f"{max_pixels / 1e6:.0f} MP limit; downscale it first"
         )
 
 
-def _pil_to_bgr(img: Image.Image, label: str) -> np.ndarray:
+def _pil_to_bgr(img: Image.Image, label: str, max_pixels: int) -> np.ndarray:
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         # 16-bit grayscale: scale the full range to 8 bits (PIL's convert("RGB") would clip at 255)
-        return _from_array(np.asarray(img), label)
+        return _from_array(np.asarray(img), label, max_pixels)
     if img.mode == "P":
         img = img.convert("RGBA")
     if img.mode != "RGB":
@@ -89,13 +191,13 @@ def _pil_to_bgr(img: Image.Image, label: str) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img)[:, :, ::-1])
 
 
-def _from_array(arr: np.ndarray, label: str) -> np.ndarray:
+def _from_array(arr: np.ndarray, label: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     """Arrays are taken as OpenCV lays them out: gray, BGR or BGRA; 16-bit and float are rescaled."""
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
     if arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (3, 4)):
         raise ImageError(f"image {label!r} has shape {arr.shape}; expected (H, W), (H, W, 3) or (H, W, 4)")
-    _check_size(arr.shape[1], arr.shape[0], label)
+    _check_size(arr.shape[1], arr.shape[0], label, max_pixels)
     arr = _to_uint8(arr, label)
     if arr.ndim == 2:
         arr = cv2.cvtColor(arr, cv2.COLOR_GRAY2BGR)

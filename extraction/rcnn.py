@@ -1,5 +1,5 @@
 """The whole network with detectron2's module names (backbone, proposal_generator, roi_heads) and its
-forward: a normalised, zero-padded batch -> each image's proposals and their RoI outputs."""
+forward: normalised images -> each image's proposals and their RoI outputs."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from extraction.backbone import ResNetC4
+from extraction.backbone import Conv2d, ResNetC4
 from extraction.config import DetectorConfig
 from extraction.roi_heads import Res5ROIHeads
 from extraction.rpn import RPN
 
 RANDOM_SEED = 0
-Sizes = list[tuple[int, int]]
 StageTimer = Callable[[str], contextlib.AbstractContextManager]
 NETWORK_STAGES = ("backbone", "rpn", "roi_head")
 
@@ -75,22 +74,27 @@ class VGFasterRCNN(nn.Module):
         """Width of a region feature (res5's output channels)."""
         return self.roi_heads.out_channels
 
-    def forward(self, images: torch.Tensor, sizes: Sizes, stage: StageTimer = _untimed) -> list[ImageOutputs]:
-        """images (N, 3, H, W) normalised and zero-padded; sizes: each image's (h, w) inside the batch.
+    def forward(self, images: list[torch.Tensor], stage: StageTimer = _untimed) -> list[ImageOutputs]:
+        """Normalised images, each (3, h, w) at its own size -> each image's outputs.
 
+        Images run one at a time: an image's outputs never depend on its batch-mates (a padded batch
+        changes the convolutions' rounding, and near-tied proposals then flip), and on CPU a batch buys
+        nothing since the RoI head, ~90 % of the work, already batches an image's 300 regions.
         `stage(name)` wraps each of NETWORK_STAGES (the detector times them with it).
         """
-        with self._autocast(images.device):
-            with stage("backbone"):
-                features = self.backbone(images, sizes)
-            with stage("rpn"):
-                proposals = self.proposal_generator(features, self.backbone.output_sizes(sizes), sizes)
-            with stage("roi_head"):
-                heads = self.roi_heads(features, [boxes for boxes, _ in proposals])
-        return [
-            ImageOutputs(boxes, logits, out.features, out.cls_logits, out.deltas, out.attr_logits)
-            for (boxes, logits), out in zip(proposals, heads, strict=True)
-        ]
+        out = []
+        with self._autocast(images[0].device if images else torch.device("cpu")):
+            for image in images:
+                with stage("backbone"):
+                    features = self.backbone(image[None])
+                with stage("rpn"):
+                    boxes, objectness = self.proposal_generator(features, tuple(image.shape[-2:]))
+                with stage("roi_head"):
+                    roi = self.roi_heads(features, boxes)
+                out.append(
+                    ImageOutputs(boxes, objectness, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits)
+                )
+        return out
 
     def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         if self.dtype == "float32":
@@ -115,6 +119,8 @@ def init_random_weights(model: VGFasterRCNN, seed: int = RANDOM_SEED) -> None:
                 module.bias.zero_()
             if name.endswith("conv3"):
                 module.norm.weight.fill_(0.2)
+            if isinstance(module, Conv2d):
+                module.fold()
         elif isinstance(module, nn.Linear):
             std = 0.001 if name.endswith("bbox_pred") else 0.01
             module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)

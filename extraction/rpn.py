@@ -46,28 +46,22 @@ class RPN(nn.Module):
         self.post_nms_topk = post_nms_topk
         self.nms_thresh = nms_thresh
 
-    def forward(
-        self,
-        features: torch.Tensor,
-        feature_sizes: list[tuple[int, int]],
-        image_sizes: list[tuple[int, int]],
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(proposal boxes (R, 4) in input pixels, objectness logits (R,)) for each image."""
-        logits, deltas = self.rpn_head(features)
+    def forward(self, features: torch.Tensor, image_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One image's res4 map (1, C, h, w) -> (proposal boxes (R, 4) in input pixels, objectness (R,))."""
+        # the head's weights are plain NCHW (a layout mixed with channels-last inputs runs slowest)
+        logits, deltas = self.rpn_head(features.contiguous())
         num_anchors = self.anchor_generator.num_anchors
-        out = []
-        for i, ((fh, fw), (ih, iw)) in enumerate(zip(feature_sizes, image_sizes, strict=True)):
-            # only the image's own cells, flattened (y, x, anchor) as detectron2 does
-            scores = logits[i, :, :fh, :fw].permute(1, 2, 0).reshape(-1).float()
-            d = deltas[i, :, :fh, :fw].reshape(num_anchors, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4)
-            scores, idx = scores.topk(min(self.pre_nms_topk, scores.numel()))
-            anchors = self.anchor_generator(fh, fw)
-            boxes = self.box_coder.decode(d[idx], anchors[idx])
-            finite = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores)
-            boxes, scores = boxes[finite], scores[finite]
-            boxes = clip_boxes(boxes, ih, iw)
-            keep = nonempty(boxes)
-            boxes, scores = boxes[keep], scores[keep]
-            keep = nms(boxes, scores, self.nms_thresh)[: self.post_nms_topk]
-            out.append((boxes[keep], scores[keep]))
-        return out
+        fh, fw = features.shape[-2:]
+        # flattened (y, x, anchor) as detectron2 does
+        scores = logits[0].permute(1, 2, 0).reshape(-1).float()
+        d = deltas[0].reshape(num_anchors, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4)
+        scores, idx = scores.topk(min(self.pre_nms_topk, scores.numel()))
+        anchors = self.anchor_generator(fh, fw)
+        boxes = self.box_coder.decode(d[idx], anchors[idx])
+        finite = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores)
+        boxes, scores = boxes[finite], scores[finite]
+        boxes = clip_boxes(boxes, *image_hw)
+        keep = nonempty(boxes)
+        boxes, scores = boxes[keep], scores[keep]
+        keep = nms(boxes, scores, self.nms_thresh)[: self.post_nms_topk]
+        return boxes[keep], scores[keep]

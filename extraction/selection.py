@@ -28,6 +28,7 @@ class SelectionConfig:
     nms_thresh: float = 0.3  # caffe and threshold: per-class NMS IoU
     score_thresh: float = 0.2  # threshold: per-class score threshold
     maxnms_thresholds: tuple[float, ...] = field(default=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9))
+    class_probs: bool = False  # keep each kept region's class distribution (all classes, float16 in a store)
 
     def __post_init__(self) -> None:
         if self.rule not in RULES:

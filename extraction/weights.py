@@ -116,8 +116,26 @@ def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     except CheckpointError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"detector checkpoint {str(path)!r} cannot be read: {exc}") from exc
+        raise CheckpointError(
+            f"detector checkpoint {str(path)!r} cannot be read: {load_failure(exc)}"
+        ) from exc
     return _as_state(obj, path)
+
+
+def load_failure(exc: BaseException) -> str:
+    """One line saying why a checkpoint did not load; torch's weights-only refusal spans a page."""
+    text = str(exc)
+    if "Weights only load failed" not in text:
+        return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = next(
+        (line.removeprefix("WeightsUnpickler error:").strip() for line in lines if "GLOBAL" in line),
+        next((line for line in lines if line.startswith("Unsupported operand")), "not a plain tensor file"),
+    )
+    return (
+        f"not a tensor-only file (torch's safe loader: {detail}); refused, as loading it fully could run "
+        "code: convert it where it came from, or give the released checkpoint"
+    )
 
 
 def _as_state(obj, path: Path) -> dict[str, torch.Tensor]:

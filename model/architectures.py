@@ -17,10 +17,20 @@ from .lxmert import (
     LxmertForNLVR2,
     LxmertForPreTraining,
     LxmertForQuestionAnswering,
+    LxmertForRetrieval,
     convert_lxmert,
     read_huggingface_dir,
 )
 from .pretrained import CONFIG_NAME, Checkpoint
+from .vilbert import (
+    Vilbert,
+    VilbertConfig,
+    VilbertForNLVR2,
+    VilbertForPreTraining,
+    VilbertForQuestionAnswering,
+    VilbertForRetrieval,
+    convert_vilbert,
+)
 from .visualbert import (
     VisualBert,
     VisualBertConfig,
@@ -64,9 +74,22 @@ FAMILIES: dict[str, Family] = {
             "pretraining": LxmertForPreTraining,
             "qa": LxmertForQuestionAnswering,
             "nlvr2": LxmertForNLVR2,
+            "retrieval": LxmertForRetrieval,
         },
         convert=convert_lxmert,
         read_foreign=read_huggingface_dir,
+    ),
+    "vilbert": Family(
+        name="vilbert",
+        config_class=VilbertConfig,
+        models={
+            "backbone": Vilbert,
+            "pretraining": VilbertForPreTraining,
+            "qa": VilbertForQuestionAnswering,
+            "nlvr2": VilbertForNLVR2,
+            "retrieval": VilbertForRetrieval,
+        },
+        convert=convert_vilbert,
     ),
     "vlbert": Family(
         name="vlbert",

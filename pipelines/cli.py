@@ -13,11 +13,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("features", "inspect, verify, import, export, merge and draw region-feature stores"),
     ("extract", "extract region features from image folders with Ray"),
     ("submit", "submit any xmodal command to a Ray cluster as a Ray Job"),
-    ("convert", "convert detector, LXMERT, VL-BERT or VisualBERT checkpoints"),
+    ("convert", "convert detector, LXMERT, ViLBERT, VL-BERT or VisualBERT checkpoints"),
     ("vocab", "build a WordPiece vocabulary"),
     ("pretrain", "pre-train a model (LXMERT: the five tasks)"),
     ("finetune", "fine-tune on a task (VQA, GQA, NLVR2)"),
     ("evaluate", "evaluate a fine-tuned checkpoint and write prediction files"),
+    ("score", "score a prediction file against the gold answers as the official evaluators do"),
     ("ask", "ask a question about one image"),
     ("demo", "run the whole pipeline on generated data"),
 )
@@ -61,11 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines.jobs.home import private_home
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        private_home()  # before Ray or a cache writes under ~
+    except PermissionError as exc:
+        print(f"xmodal: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return int(args._run(args) or 0)
 
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from storage import codec
-from storage.errors import StoreError
+from storage.btree import BrokenPage
+from storage.errors import CorruptRecordError, StoreError
 from storage.reader import FeatureReader
 from storage.writer import FeatureWriter
 
@@ -24,10 +25,21 @@ def merge_stores(
     dst: str | os.PathLike,
     first_wins: bool = False,
     dtype: str | None = None,
+    salvage: bool = False,
 ) -> int:
     """Copy every record of `srcs` into `dst` and return how many were written. Ids held by several
     sources are an error naming them (checked before anything is written) unless `first_wins`. `dst` may
-    be a previous, interrupted merge: the records it already holds are kept."""
+    be a previous, interrupted merge: the records it already holds are kept. A damaged source stops the
+    merge unless `salvage`: then what it still holds is copied, and its broken pages and the records
+    failing their checksum are logged and left out (re-extract those: extraction skips stored ids)."""
+    broken: dict[tuple[str, int], str] = {}
+
+    def on_damage(store: Path, page: BrokenPage) -> None:
+        if (str(store), page.pgno) not in broken:
+            broken[str(store), page.pgno] = f"{store}: {page.span} left out ({page.reason})"
+            log.warning("%s", broken[str(store), page.pgno])
+
+    damage = on_damage if salvage else None
     readers = [FeatureReader(p) for p in srcs]
     dims = {r.feature_dim for r in readers}
     if len(dims) > 1:
@@ -37,7 +49,7 @@ def merge_stores(
     owner: dict[str, str] = {}
     duplicates: dict[str, list[str]] = {}
     for reader in readers:
-        for img_id in reader:
+        for img_id in reader.keys(on_damage=damage):
             if img_id in owner:
                 duplicates.setdefault(img_id, [owner[img_id]]).append(str(reader.paths[0]))
             else:
@@ -64,11 +76,17 @@ def merge_stores(
     ) as writer:
         for reader in readers:
             source = str(reader.paths[0])
-            for _shard, key, value in reader.items_encoded():
+            for _shard, key, value in reader.items_encoded(on_damage=damage):
                 img_id = key.decode("utf-8")
                 if owner[img_id] != source:
                     continue
-                codec.check(value, key)
+                try:
+                    codec.check(value, key)
+                except CorruptRecordError as exc:
+                    if not salvage:
+                        raise
+                    log.warning("%s: left out: %s", source, exc)
+                    continue
                 if reader.dtype == out_dtype:
                     written += writer.put_encoded(img_id, value)
                 else:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
 
 from storage import codec
+from storage.btree import BrokenPage, TreeWalk
+from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
 from storage.errors import StoreError, StoreFormatError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta
 from storage.records import RegionFeatures
+from storage.validate import BadRecordError, RecordLimits, bad_record, problem
+
+log = logging.getLogger(__name__)
 
 _KEYS_PER_TXN = 4096
 
@@ -23,49 +29,98 @@ class _Shard:
     def __init__(self, path: Path, lock: bool, readahead: bool) -> None:
         if not (path / "data.mdb").is_file():
             raise FileNotFoundError(f"{path}: no feature store here (expected a directory holding data.mdb)")
-        try:
-            self.env = lmdb.open(
-                str(path),
-                readonly=True,
-                lock=lock,
-                readahead=readahead,
-                max_dbs=2,
-                subdir=True,
-                # a cached read transaction would hold a reader slot that a forked child could free
-                max_spare_txns=0 if lock else 1,
-            )
-        except lmdb.Error as exc:
-            if "already open" in str(exc):
-                raise StoreError(
-                    f"{path} is open for writing in this process: close the FeatureWriter before reading"
-                ) from exc
-            raise
+        self.env = open_environment(
+            path,
+            readonly=True,
+            lock=lock,
+            readahead=readahead,
+            max_dbs=2,
+            # a cached read transaction would hold a reader slot that a forked child could free
+            max_spare_txns=0 if lock else 1,
+        )
+        self.path = path
         try:
             self.records = self.env.open_db(RECORDS_DB, create=False)
             self.meta_db = self.env.open_db(META_DB, create=False)
         except lmdb.NotFoundError as exc:
             self.env.close()
             raise StoreFormatError(f"{path}: no records/meta databases: not an xmodal feature store") from exc
-        self.path = path
+        except lmdb.Error as exc:
+            self.env.close()
+            raise lmdb_failure(path, exc, "opening its databases", whole=True) from exc
         self.lock = lock
         self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
+        self._walk: TreeWalk | None = None
+        self._walk_values = False
         try:
             self.meta = self.read_meta()
-        except StoreFormatError:
+            # a few reads per thousand records: tells a damaged page from a missing id on every lookup
+            self.tree()
+        except StoreError:
             self.env.close()
             raise
 
+    def tree(self, values: bool = False) -> TreeWalk:
+        """The walk of the records tree (storage.btree), made once; `values` also checks value pages."""
+        if self._walk is None or (values and not self._walk_values):
+            # the read transaction pins the snapshot walked: a writer cannot reuse its pages meanwhile
+            with self.begin() as txn:
+                self._walk = walk_store(self.path, txn.id(), values)
+            self._walk_values = values
+            self.broken = self._walk.broken
+        return self._walk
+
+    def hidden(self, key: bytes) -> None:
+        """Raise StoreDamagedError if a broken page may hold `key` (which lmdb did not find)."""
+        for page in self.broken:
+            if page.holds(key):
+                raise broken_tree(self.path, [page], key)
+
     def begin(self, buffers: bool = False) -> lmdb.Transaction:
         try:
-            return self.env.begin(buffers=buffers)
-        except lmdb.MapResizedError:
-            # a writer in another process grew the file beyond our map: adopt its size
-            self.env.set_mapsize(0)
-            return self.env.begin(buffers=buffers)
+            try:
+                return self.env.begin(buffers=buffers)
+            except lmdb.MapResizedError:
+                # a writer in another process grew the file beyond our map: adopt its size
+                self.env.set_mapsize(0)
+                return self.env.begin(buffers=buffers)
+        except lmdb.Error as exc:
+            raise lmdb_failure(self.path, exc, "starting a read", whole=True) from exc
+
+    def has(self, key: bytes) -> bool:
+        """Whether `key` is stored (its value is not copied out of the map)."""
+        return self._lookup(key, lambda value: True) is not None
+
+    def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
+        """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
+        bytearray (which decodes into writable arrays)."""
+        return self._lookup(key, bytearray if buffers else bytes)
+
+    def _lookup(self, key: bytes, take: Callable[[memoryview], object]) -> object | None:
+        """`take(value)` of `key`'s value, inside its read transaction, or None when it is absent."""
+        if self.broken:
+            self.hidden(key)  # never let lmdb search a broken page: on some it aborts the process
+        with self.begin(buffers=True) as txn:
+            try:
+                value = txn.get(key, db=self.records)
+            except lmdb.Error as exc:
+                raise lmdb_failure(self.path, exc, f"reading {key.decode('utf-8', 'replace')!r}") from exc
+            return None if value is None else take(value)
+
+    def count(self) -> int:
+        with self.begin() as txn:
+            try:
+                return txn.stat(self.records)["entries"]
+            except lmdb.Error as exc:
+                raise lmdb_failure(self.path, exc, "counting records") from exc
 
     def read_meta(self) -> dict:
         with self.begin() as txn:
-            return decode_meta(txn.get(META_KEY, db=self.meta_db), self.path)
+            try:
+                raw = txn.get(META_KEY, db=self.meta_db)
+            except lmdb.Error as exc:
+                raise lmdb_failure(self.path, exc, "reading its metadata", whole=True) from exc
+        return decode_meta(raw, self.path)
 
 
 # LMDB allows one environment per store per process: readers of the same store share it, in the
@@ -133,6 +188,11 @@ class FeatureReader:
     share its environment: once any of them asked for `lock=True`, all of them read with the lock
     (an environment opened lock-free earlier is reopened); `readahead` is that of the reader that
     opened the environment: the first one, or the one whose `lock=True` reopened it.
+
+    A truncated, emptied or damaged store raises StoreDamagedError (never a crash signal, never a
+    missing id). `validate=True` checks each record read (storage.validate) and raises BadRecordError
+    naming it; `skip_bad=True` also logs each bad record once, keeps it in `skipped` (this process's
+    reads) and makes `get` return the default for it.
     """
 
     def __init__(
@@ -140,6 +200,8 @@ class FeatureReader:
         paths: str | os.PathLike | Sequence[str | os.PathLike],
         lock: bool = False,
         readahead: bool = False,
+        validate: bool = False,
+        skip_bad: bool = False,
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -148,14 +210,24 @@ class FeatureReader:
             raise ValueError("FeatureReader needs at least one store path")
         self.lock = lock
         self.readahead = readahead
+        self.validate = validate or skip_bad
+        self.skip_bad = skip_bad
+        self.skipped: dict[str, str] = {}  # img_id -> reason, for the bad records this process skipped
+        self._limits: list[RecordLimits] = []
         self._generation = -1
         self._shards: list[_Shard] = []
 
     def __getstate__(self) -> dict:
-        return {"paths": self.paths, "lock": self.lock, "readahead": self.readahead}
+        return {
+            "paths": self.paths,
+            "lock": self.lock,
+            "readahead": self.readahead,
+            "validate": self.validate,
+            "skip_bad": self.skip_bad,
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["paths"], lock=state["lock"], readahead=state["readahead"])
+        self.__init__(**state)
 
     @property
     def shards(self) -> list[_Shard]:
@@ -201,20 +273,16 @@ class FeatureReader:
         return self.shards[0].meta["dtype"]
 
     def __len__(self) -> int:
-        total = 0
-        for shard in self.shards:
-            with shard.begin() as txn:
-                total += txn.stat(shard.records)["entries"]
-        return total
+        return sum(shard.count() for shard in self.shards)
 
     def __contains__(self, img_id: object) -> bool:
         if not isinstance(img_id, str):
             return False
         key = img_id.encode("utf-8")
+        if any(shard.has(key) for shard in self.shards):
+            return True
         for shard in self.shards:
-            with shard.begin(buffers=True) as txn:
-                if txn.get(key, db=shard.records) is not None:
-                    return True
+            shard.hidden(key)
         return False
 
     def __getitem__(self, img_id: str) -> RegionFeatures:
@@ -222,76 +290,131 @@ class FeatureReader:
             key = img_id.encode("utf-8")
         except AttributeError:
             raise TypeError(f"records are keyed by image id strings, not {type(img_id).__name__}") from None
-        for shard in self._shards if self._generation == _generation else self.shards:
-            with shard.begin(buffers=True) as txn:
-                value = txn.get(key, db=shard.records)
-                if value is not None:
-                    # one copy out of the map into memory we own; the arrays are views into it
-                    return codec.decode(bytearray(value), key)
+        shards = self._shards if self._generation == _generation else self.shards
+        for index, shard in enumerate(shards):
+            # one copy out of the map into memory we own; the arrays are views into it
+            value = shard.get(key, buffers=True)
+            if value is not None:
+                rec = codec.decode(value, key)
+                if self.validate:
+                    self._check(rec, index)
+                return rec
+        for shard in shards:
+            shard.hidden(key)
         raise KeyError(img_id)
 
     def get(self, img_id: str, default: RegionFeatures | None = None) -> RegionFeatures | None:
+        """The record, or `default` when the id is missing or (with `skip_bad`) the record is bad."""
         try:
             return self[img_id]
         except KeyError:
             return default
+        except BadRecordError:
+            if not self.skip_bad:
+                raise
+            return default
+
+    def check(self, rec: RegionFeatures, shard_index: int = 0) -> str | None:
+        """Why `rec` (read from shard `shard_index`) must not be trained on, or None: see storage.validate."""
+        if len(self._limits) != len(self.paths):
+            self._limits = [RecordLimits.from_meta(shard.meta) for shard in self.shards]
+        return problem(rec, self._limits[shard_index])
+
+    def _check(self, rec: RegionFeatures, shard_index: int) -> None:
+        reason = self.check(rec, shard_index)
+        if reason is None:
+            return
+        if self.skip_bad and rec.img_id not in self.skipped:
+            self.skipped[rec.img_id] = reason
+            log.warning("skipping record %r of store %s: %s", rec.img_id, self.paths[shard_index], reason)
+        raise bad_record(rec, self.paths[shard_index], reason)
 
     def get_encoded(self, img_id: str) -> bytes | None:
         """The stored value (record format bytes) or None."""
         key = img_id.encode("utf-8")
         for shard in self.shards:
-            with shard.begin() as txn:
-                value = txn.get(key, db=shard.records)
+            value = shard.get(key)
             if value is not None:
                 return value
+        for shard in self.shards:
+            shard.hidden(key)
         return None
 
     @contextmanager
     def view(self) -> Iterator[_View]:
         """Copy-free reads: `with r.view() as v: rec = v[img_id]`; arrays are read-only views into the
         memory map, valid only inside the block (copy what you keep). One read transaction per shard is
-        held open for the duration of the block."""
+        held open for the duration of the block. Records are checked as `reader[img_id]` checks them."""
         shards = self.shards
         txns = [shard.begin(buffers=True) for shard in shards]
         for shard in shards:
             shard.views += 1
         try:
-            yield _View(shards, txns)
+            yield _View(shards, txns, self._check if self.validate else None)
         finally:
             for shard, txn in zip(shards, txns, strict=True):
                 shard.views -= 1
                 txn.abort()
 
-    def keys(self) -> Iterator[str]:
-        """Ids in key order, shard after shard; reads in short transactions, never holding one open."""
-        for _shard, key, _ in self._scan(values=False):
+    def keys(self, on_damage: Callable[[Path, BrokenPage], None] | None = None) -> Iterator[str]:
+        """Ids in key order, shard after shard; reads in short transactions, never holding one open.
+        Broken pages: as `items_encoded`."""
+        for _shard, key, _ in self._scan(values=False, on_damage=on_damage):
             yield key.decode("utf-8")
 
     __iter__ = keys
 
-    def items_encoded(self) -> Iterator[tuple[_Shard, bytes, bytes]]:
-        """(shard, key, stored value) for every record, in short transactions."""
-        yield from self._scan(values=True)
+    def items_encoded(
+        self, on_damage: Callable[[Path, BrokenPage], None] | None = None
+    ) -> Iterator[tuple[_Shard, bytes, bytes]]:
+        """(shard, key, stored value) for every record, in short transactions. A store with broken pages
+        raises StoreDamagedError, unless `on_damage(store, page)` is given: it is told of each broken
+        page, and the records the intact pages hold are still read."""
+        yield from self._scan(values=True, on_damage=on_damage)
 
-    def _scan(self, values: bool) -> Iterator[tuple[_Shard, bytes, bytes | None]]:
+    def _scan(
+        self, values: bool, on_damage: Callable[[Path, BrokenPage], None] | None = None
+    ) -> Iterator[tuple[_Shard, bytes, bytes | None]]:
         for index in range(len(self.paths)):
+            broken = self.shards[index].tree(values=on_damage is not None)
+            if broken.broken:
+                if on_damage is None:
+                    raise broken_tree(self.paths[index], broken.broken)
+                for page in broken.broken:
+                    on_damage(self.paths[index], page)
+                # lmdb's cursor would step onto the broken pages: read the intact keys one by one
+                yield from self._read_keys(index, broken.keys, values)
+                continue
             last: bytes | None = None
             while True:
                 # looked up per batch: the environment may have been reopened while we yielded
                 shard = self.shards[index]
                 batch = []
                 with shard.begin() as txn, txn.cursor(db=shard.records) as cur:
-                    found = cur.set_range(last) if last is not None else cur.first()
-                    if found and last is not None and cur.key() == last:
-                        found = cur.next()
-                    while found and len(batch) < _KEYS_PER_TXN:
-                        batch.append((cur.key(), cur.value() if values else None))
-                        found = cur.next()
+                    try:
+                        found = cur.set_range(last) if last is not None else cur.first()
+                        if found and last is not None and cur.key() == last:
+                            found = cur.next()
+                        while found and len(batch) < _KEYS_PER_TXN:
+                            batch.append((cur.key(), cur.value() if values else None))
+                            found = cur.next()
+                    except lmdb.Error as exc:
+                        where = f"past {last.decode('utf-8', 'replace')!r}" if last else "from the start"
+                        raise lmdb_failure(shard.path, exc, f"scanning {where}") from exc
                 for key, value in batch:
                     yield shard, key, value
                 if not batch or len(batch) < _KEYS_PER_TXN:
                     break
                 last = batch[-1][0]
+
+    def _read_keys(
+        self, index: int, keys: list[bytes], values: bool
+    ) -> Iterator[tuple[_Shard, bytes, bytes | None]]:
+        for start in range(0, len(keys), _KEYS_PER_TXN):
+            shard = self.shards[index]
+            batch = [(key, shard.get(key) if values else None) for key in keys[start : start + _KEYS_PER_TXN]]
+            for key, value in batch:
+                yield shard, key, value
 
     def close(self) -> None:
         """Close this reader's environments in this process, for every reader sharing them; they
@@ -305,13 +428,29 @@ class FeatureReader:
 class _View:
     """Records decoded straight from the memory map, valid while the enclosing `view()` block runs."""
 
-    def __init__(self, shards: list[_Shard], txns: list[lmdb.Transaction]) -> None:
+    def __init__(
+        self,
+        shards: list[_Shard],
+        txns: list[lmdb.Transaction],
+        check: Callable[[RegionFeatures, int], None] | None,
+    ) -> None:
         self._pairs = list(zip(shards, txns, strict=True))
+        self._check = check
 
     def __getitem__(self, img_id: str) -> RegionFeatures:
         key = img_id.encode("utf-8")
-        for shard, txn in self._pairs:
-            value = txn.get(key, db=shard.records)
+        for index, (shard, txn) in enumerate(self._pairs):
+            if shard.broken:
+                shard.hidden(key)
+            try:
+                value = txn.get(key, db=shard.records)
+            except lmdb.Error as exc:
+                raise lmdb_failure(shard.path, exc, f"reading {img_id!r}") from exc
             if value is not None:
-                return codec.decode(value, key)
+                rec = codec.decode(value, key)
+                if self._check is not None:
+                    self._check(rec, index)
+                return rec
+        for shard, _ in self._pairs:
+            shard.hidden(key)
         raise KeyError(img_id)

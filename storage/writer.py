@@ -9,6 +9,8 @@ from pathlib import Path
 import lmdb
 
 from storage import codec, metadata
+from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
+from storage.errors import StoreError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release
 from storage.records import RegionFeatures
@@ -42,14 +44,28 @@ class FeatureWriter:
         self.commit_bytes = max(1, int(commit_bytes))
         self.path.mkdir(parents=True, exist_ok=True)
         release(self.path)  # LMDB allows one environment per store per process
-        self._env = lmdb.open(str(self.path), map_size=int(map_size), max_dbs=2, subdir=True, readahead=False)
+        self._env = open_environment(self.path, map_size=int(map_size), max_dbs=2, readahead=False)
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         # both databases and the metadata appear in one commit: a reader never sees half a store
-        self._txn: lmdb.Transaction | None = self._env.begin(write=True)
-        self._records = self._env.open_db(RECORDS_DB, txn=self._txn)
-        self._meta_db = self._env.open_db(META_DB, txn=self._txn)
-        raw = self._txn.get(META_KEY, db=self._meta_db)
+        self._txn: lmdb.Transaction | None = None
+        try:
+            self._txn = self._env.begin(write=True)
+            # appending to a tree with broken pages would make lmdb abort or spread the damage; the
+            # write lock held, the last commit (the one before ours) cannot change during the walk
+            broken = walk_store(self.path, self._txn.id() - 1).broken
+            if broken:
+                raise broken_tree(self.path, broken)
+            self._records = self._env.open_db(RECORDS_DB, txn=self._txn)
+            self._meta_db = self._env.open_db(META_DB, txn=self._txn)
+            raw = self._txn.get(META_KEY, db=self._meta_db)
+        except (lmdb.Error, StoreError) as exc:
+            if self._txn is not None:
+                self._txn.abort()
+            self._env.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise lmdb_failure(self.path, exc, "opening it for writing", whole=True) from exc
         try:
             if raw is None:
                 self.meta = new_meta(feature_dim, max_boxes, dtype, meta)
@@ -86,10 +102,16 @@ class FeatureWriter:
         return self.meta["dtype"]
 
     def __len__(self) -> int:
-        return self._write_txn().stat(self._records)["entries"]
+        try:
+            return self._write_txn().stat(self._records)["entries"]
+        except lmdb.Error as exc:
+            raise lmdb_failure(self.path, exc, "counting records") from exc
 
     def __contains__(self, img_id: str) -> bool:
-        return self._write_txn().get(img_id.encode("utf-8"), db=self._records) is not None
+        try:
+            return self._write_txn().get(img_id.encode("utf-8"), db=self._records) is not None
+        except lmdb.Error as exc:
+            raise lmdb_failure(self.path, exc, f"looking up {img_id!r}") from exc
 
     def put(self, rec: RegionFeatures) -> bool:
         """Add one record; False (nothing written) if the id exists and the writer is not in replace mode."""
@@ -158,6 +180,8 @@ class FeatureWriter:
                 return self._write_txn().put(key, value, db=self._records, overwrite=self.replace)
             except lmdb.MapFullError:
                 self._grow(len(value))
+            except lmdb.Error as exc:
+                raise lmdb_failure(self.path, exc, f"writing {key.decode('utf-8', 'replace')!r}") from exc
 
     def _commit(self) -> None:
         while True:
@@ -169,6 +193,8 @@ class FeatureWriter:
             except lmdb.MapFullError:
                 self._grow(0)
                 continue
+            except lmdb.Error as exc:
+                raise lmdb_failure(self.path, exc, "committing") from exc
             self._txn = None
             break
         self._pending.clear()

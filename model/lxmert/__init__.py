@@ -5,6 +5,7 @@ from .convert import convert_lxmert, read_huggingface_dir, to_hf_state
 from .finetuning import LxmertForNLVR2, LxmertForQuestionAnswering
 from .modeling import Lxmert, LxmertOutput
 from .pretraining import LxmertForPreTraining, PreTrainingOutput
+from .retrieval import LxmertForRetrieval
 
 __all__ = [
     "Lxmert",
@@ -12,6 +13,7 @@ __all__ = [
     "LxmertForNLVR2",
     "LxmertForPreTraining",
     "LxmertForQuestionAnswering",
+    "LxmertForRetrieval",
     "LxmertOutput",
     "PreTrainingOutput",
     "convert_lxmert",

@@ -334,6 +334,10 @@ def read_release_file(
     except KeyError as err:
         raise ValueError(f"{path}: incomplete LXMERT backbone, {err.args[0]} is missing") from err
     architecture, kwargs = _guess_architecture(hf, cfg, str(path))
+    if architecture == "Lxmert":
+        # a file without heads, as the release's `LXRTEncoder.save` writes (`bert.*` only): HF's bare
+        # LxmertModel names its weights without the `lxmert.` nesting
+        hf = {k.removeprefix("lxmert."): v for k, v in hf.items()}
     return architecture, cfg, kwargs, from_hf_state(hf, cfg, architecture, source=str(path))
 
 
@@ -355,7 +359,8 @@ def convert_lxmert(
 ) -> Path:
     """Convert `src` into an xmodal directory at `dst_dir`, or with `to_hf` into a HuggingFace directory.
 
-    `src`: a release file (`Epoch20_LXRT.pth`, `model_LXRT.pth`, `BEST.pth`), a HuggingFace directory, or
+    `src`: a release file (`Epoch20_LXRT.pth`, `model_LXRT.pth`, `BEST.pth`, or the encoder alone as
+    `LXRTEncoder.save` writes it, `<name>_LXRT.pth` with `bert.*` keys), a HuggingFace directory, or
     an xmodal directory. Release files carry no config: the sizes are read off the weights and the head
     count is hidden_size / 64 unless `num_attention_heads` says otherwise. `num_answers`: the size of the
     answer table meant to go with the QA head; a model without one, or with another number of rows, is

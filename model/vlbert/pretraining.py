@@ -71,7 +71,10 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
 
     config_class = VlBertConfig
     base_model_prefix = "vlbert."
-    whole_word_masking: ClassVar[bool] = True  # the recipe: a word's pieces are masked together
+    WHOLE_WORD_MASKING: ClassVar[bool] = True  # the recipe: a word's pieces are masked together
+    # the collator leaves masked regions' features as they are (none zeroed or swapped): the model
+    # itself puts its learned masked appearance in their place
+    REGION_MASKING: ClassVar[tuple[float, float]] = (0.0, 0.0)
 
     def __init__(self, cfg: VlBertConfig):
         super().__init__()
@@ -95,28 +98,30 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
         visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         lm_labels: torch.Tensor | None = None,
-        masked_regions: torch.Tensor | None = None,
-        region_targets: torch.Tensor | None = None,
-        obj_labels: torch.Tensor | None = None,
-        obj_weights: torch.Tensor | None = None,
+        region_mask: torch.Tensor | None = None,
+        region_probs: torch.Tensor | None = None,
+        region_labels: torch.Tensor | None = None,
+        region_weights: torch.Tensor | None = None,
     ) -> VlBertPreTrainingOutput:
         """Backbone inputs as `VlBert.forward`, and:
         lm_labels (B, L), -100 = not masked (the caller masks whole words);
-        masked_regions (B, N) bool: RoIs whose appearance is hidden and whose class is predicted, against
-        region_targets (B, N, C), the detector's class distribution (soft cross-entropy), or else
-        obj_labels (B, N) with obj_weights (B, N), the detector's top class and its confidence.
+        region_mask (B, N), 1 = a RoI whose appearance is hidden and whose class is predicted, against
+        region_probs (B, N, C), the detector's class distribution, background first (soft cross-entropy),
+        or else region_labels (B, N), the detector's top object id (class id + 1, background being 0),
+        with region_weights (B, N), its confidence.
         Labels at padding count for nothing."""
-        if masked_regions is not None and region_targets is None and obj_labels is None:
-            raise ValueError("masked_regions needs region_targets (B, N, C) or obj_labels with obj_weights")
-        if (obj_labels is None) != (obj_weights is None):
-            raise ValueError("obj_labels and obj_weights go together: give both or neither")
-        region_mask = None if visual_attention_mask is None else visual_attention_mask.bool()
+        if region_mask is not None and region_probs is None and region_labels is None:
+            raise ValueError("region_mask needs region_probs (B, N, C) or region_labels with region_weights")
+        if (region_labels is None) != (region_weights is None):
+            raise ValueError("region_labels and region_weights go together: give both or neither")
+        masked_regions = None if region_mask is None else region_mask.bool()
+        real = None if visual_attention_mask is None else visual_attention_mask.bool()
         image_feats = region_words = None
         if masked_regions is not None and visual_feats is not None:
             masked = masked_regions.bool()
-            if region_mask is not None:
-                masked = masked & region_mask
-            visible = ~masked if region_mask is None else region_mask & ~masked
+            if real is not None:
+                masked = masked & real
+            visible = ~masked if real is None else real & ~masked
             weight = visible[..., None].to(visual_feats.dtype)
             image_feats = (visual_feats * weight).sum(1) / weight.sum(1).clamp(min=1)
             hidden = self.object_mask_visual_embedding.weight[0].to(visual_feats.dtype)
@@ -157,12 +162,13 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
             logits = self.mvrc_head(out.region_output[masked_regions])
             result.region_logits = logits
             count = max(logits.shape[0], 1)
-            if region_targets is not None:
-                target = region_targets[masked_regions].to(logits.dtype)
+            if region_probs is not None:
+                target = region_probs[masked_regions].to(logits.dtype)
                 per_region = -(target * logits.log_softmax(-1)).sum(-1)
             else:
-                per_region = F.cross_entropy(logits, obj_labels[masked_regions], reduction="none")
-                per_region = per_region * obj_weights[masked_regions].to(logits.dtype)
+                classes = region_labels[masked_regions] + 1  # past background, as class_probs
+                per_region = F.cross_entropy(logits, classes, reduction="none")
+                per_region = per_region * region_weights[masked_regions].to(logits.dtype)
             result.losses["mvrc"] = per_region.sum() / count
         elif inference:
             result.region_logits = self.mvrc_head(out.region_output)

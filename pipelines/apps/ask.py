@@ -23,7 +23,8 @@ DEFAULT_DEVICE = "cpu"
 @dataclass
 class AskResult:
     """Top answers with their sigmoid scores (the model is trained with per-answer BCE), the regions, and
-    the answer token's attention over them in the model's last layer that has one (mean over heads)."""
+    the model's `region_attention` over them: [CLS] in the last cross-modality layer (LXMERT) or the last
+    co-attention layer (ViLBERT), mean over heads."""
 
     answers: list[tuple[str, float]]
     regions: RegionFeatures
@@ -76,7 +77,7 @@ def ask(tuned: Finetuned, regions: RegionFeatures, question: str, top_k: int = D
     scores = torch.sigmoid(out.logits[0].float())
     top = torch.topk(scores, min(top_k, scores.numel()))
     answers = [(tuned.answers.answer(int(i)), float(s)) for s, i in zip(top.values, top.indices, strict=True)]
-    attention = out.region_attention[0].float().cpu().numpy()  # every family's answer-token map (N,)
+    attention = out.region_attention[0].float().cpu().numpy()
     return AskResult(answers=answers, regions=regions, attention=attention)
 
 

@@ -1,4 +1,4 @@
-"""`xmodal convert detector|lxmert|vlbert|visualbert`: bring released checkpoints into xmodal's layout."""
+"""`xmodal convert KIND`: bring released detector and model checkpoints into xmodal's layout."""
 
 from __future__ import annotations
 
@@ -26,15 +26,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the network the checkpoint is checked against (default: {DETECTOR_PRESET})",
     )
     lx = sub.add_parser("lxmert", help="original release / HuggingFace LXMERT -> xmodal directory (or back)")
-    lx.add_argument("src", help="Epoch20_LXRT.pth, model_LXRT.pth, BEST.pth, or a HuggingFace or xmodal dir")
+    lx.add_argument(
+        "src",
+        help="Epoch20_LXRT.pth, model_LXRT.pth, BEST.pth, an LXRTEncoder.save file (NAME_LXRT.pth, "
+        "the encoder alone), or a HuggingFace or xmodal dir",
+    )
     lx.add_argument("dst", help="output directory")
-    lx.add_argument("--to-hf", action="store_true", help="export an xmodal dir to the HuggingFace layout")
+    lx.add_argument(
+        "--to-hf",
+        action="store_true",
+        help="export to the HuggingFace layout, with the tokenizer files and id2label/label2id, so "
+        "transformers' AutoTokenizer and Lxmert* classes load DST as it is",
+    )
+    lx.add_argument(
+        "--vocab",
+        help="with --to-hf: the vocab.txt to write as DST's tokenizer (default: SRC's vocab.txt; the release "
+        "was trained with bert-base-uncased's)",
+    )
     lx.add_argument(
         "--answers",
         metavar="FILE",
         help="the QA head's answer table (all_ans.json for Epoch20_LXRT.pth, trainval_ans2label.json for a "
         "VQA BEST.pth): checked against the head's rows and written as DST/ans2label.json, from which "
         "`xmodal finetune --init DST` seeds its answer head",
+    )
+    vb = sub.add_parser("vilbert", help="vilbert-multi-task / volta ViLBERT file -> xmodal directory")
+    vb.add_argument("src", help="pretrained_model.bin, multi_task_model.bin or a volta checkpoint")
+    vb.add_argument("dst", help="output directory")
+    vb.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the release's model config (bert_base_6layer_6conect.json, volta's vilbert_base.json); "
+        "default: the base preset",
+    )
+    vb.add_argument("--preset", default="base", help="sizes to start from before --config (default: base)")
+    vb.add_argument(
+        "--head",
+        help="model to build: backbone, pretraining, vqa, gqa (vil_prediction_gqa), nlvr2 or retrieval "
+        "(default: vqa with vil_prediction in the file, else pretraining, else backbone)",
+    )
+    vb.add_argument(
+        "--task-token", type=int, help="task row of multi_task_model.bin's task embeddings (VQA: 1)"
+    )
+    vb.add_argument(
+        "--no-strict", dest="strict", action="store_false", help="write even with missing/unexpected names"
     )
     vl = sub.add_parser(
         "vlbert", help="VL-BERT release checkpoint ({'state_dict'}, module.*) -> xmodal directory"
@@ -48,9 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the file does not store it: hidden size / 64 unless given (12 for base, 16 for large)",
     )
-    vb = sub.add_parser("visualbert", help="transformers VisualBERT directory -> xmodal directory")
-    vb.add_argument("src", help="a directory with config.json and model.safetensors or pytorch_model.bin")
-    vb.add_argument("dst", help="output directory")
+    vsb = sub.add_parser("visualbert", help="transformers VisualBERT directory -> xmodal directory")
+    vsb.add_argument("src", help="a directory with config.json and model.safetensors or pytorch_model.bin")
+    vsb.add_argument("dst", help="output directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
             from extraction.weights import convert_detector_checkpoint
 
             convert_detector_checkpoint(args.src, args.dst, strict=args.strict, preset=args.preset)
+        elif args.kind == "vilbert":
+            _convert_vilbert(args)
         elif args.kind == "vlbert":
             from model.vlbert import convert_vlbert
 
@@ -82,16 +119,62 @@ def run(args: argparse.Namespace) -> int:
 def _convert_lxmert(args: argparse.Namespace) -> None:
     from model import convert_lxmert
     from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+    from pipelines.data.text import load_tokenizer
 
+    src = Path(args.src)
     table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
+    if table is None and args.to_hf and (src / ANSWERS_FILE).is_file():
+        table = AnswerTable.load(src / ANSWERS_FILE)
+    tokenizer = None
+    if args.to_hf:  # a HuggingFace directory without its tokenizer maps every word to [UNK]
+        vocab = args.vocab or (src / "vocab.txt" if (src / "vocab.txt").is_file() else None)
+        if vocab is None:
+            raise ValueError(
+                f"{src} has no vocab.txt for the exported tokenizer: pass --vocab (bert-base-uncased's "
+                "vocab.txt for the release files)"
+            )
+        tokenizer = load_tokenizer(vocab)
+    elif args.vocab:
+        raise ValueError("--vocab only applies with --to-hf")
     dst = convert_lxmert(
         args.src, args.dst, to_hf=args.to_hf, num_answers=len(table) if table is not None else None
     )
-    if table is not None:
+    if tokenizer is not None:
+        _finish_hf_directory(Path(dst), tokenizer, table)
+    if table is not None and not args.to_hf:
         table.save(Path(dst) / ANSWERS_FILE)
         print(f"{dst}: converted, with the {len(table)}-answer table of {args.answers} as {ANSWERS_FILE}")
     else:
         print(f"{dst}: converted")
+
+
+def _finish_hf_directory(dst: Path, tokenizer, table) -> None:
+    """The tokenizer files, and the answers as `id2label`/`label2id` in config.json."""
+    import json
+
+    from pipelines.data.text import save_tokenizer
+
+    save_tokenizer(tokenizer, dst)
+    if table is not None:
+        config = json.loads((dst / "config.json").read_text())
+        config["id2label"] = {str(i): a for i, a in enumerate(table.answers)}
+        config["label2id"] = {a: i for i, a in enumerate(table.answers)}
+        (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def _convert_vilbert(args: argparse.Namespace) -> None:
+    from model.vilbert import load_release
+
+    model, report = load_release(
+        args.src,
+        preset=args.preset,
+        config_file=args.config,
+        head=args.head,
+        task_token=args.task_token,
+        strict=args.strict,
+    )
+    dst = model.save_pretrained(args.dst)
+    print(f"{dst}: converted\n{report.summary()}")
 
 
 def _one_line(exc: BaseException, src: str) -> str:

@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     det.add_argument("--min-size", type=int, help="input shortest side (default: the preset's, 600)")
     det.add_argument("--max-size", type=int, help="input longest side cap (default: the preset's, 1000)")
     det.add_argument(
+        "--store-class-probs",
+        action="store_true",
+        default=None,
+        help="also store each region's distribution over the detector's classes (1601 float16 values; "
+        "ViLBERT's and VL-BERT's masked-region targets); same as --set class_probs=true",
+    )
+    det.add_argument(
         "--set",
         dest="detector_overrides",
         action="append",
@@ -103,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up (exit 1) when the replicas are not all started after this long "
         + default("startup_timeout"),
+    )
+    ray_group.add_argument(
+        "--decode-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="skip (and log) an image not read and decoded within this long " + default("decode_timeout"),
     )
     ray_group.add_argument(
         "--max-failures",
@@ -136,14 +149,14 @@ def resolve_extract_config(args: argparse.Namespace):
         "cpus_per_worker": args.cpus_per_worker,
         "address": args.address,
         "startup_timeout": args.startup_timeout,
+        "decode_timeout": args.decode_timeout,
         "max_failures": args.max_failures,
         "progress": args.progress,
     }
     cfg = config_io.merge(cfg, {k: v for k, v in flags.items() if v is not None}, where="command line")
     detector = _parse_overrides(args.detector_overrides)
-    detector.update(
-        {k: v for k, v in (("min_size", args.min_size), ("max_size", args.max_size)) if v is not None}
-    )
+    flagged = {"min_size": args.min_size, "max_size": args.max_size, "class_probs": args.store_class_probs}
+    detector.update({k: v for k, v in flagged.items() if v is not None})
     if detector:
         cfg = config_io.merge(cfg, {"overrides": {**cfg.overrides, **detector}}, where="command line")
     return config_io.apply_overrides(cfg, overrides)
@@ -159,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from pipelines.jobs.extract.config import JobError
     from pipelines.jobs.extract.driver import run_extract
     from pipelines.jobs.image_inputs import InputError
+    from storage import StoreError
 
     try:
         cfg = resolve_extract_config(args)
@@ -169,12 +183,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("%s", exc)
         return 1
-    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or cfg.startup_timeout <= 0:
-        log.error("--batch-size and --workers must be at least 1, --startup-timeout above 0")
+    timeouts = min(cfg.startup_timeout, cfg.decode_timeout)
+    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or timeouts <= 0:
+        log.error(
+            "--batch-size and --workers must be at least 1, --startup-timeout and --decode-timeout above 0"
+        )
         return 1
     try:
         summary = run_extract(cfg)
-    except (InputError, JobError) as exc:
+    except (InputError, JobError, StoreError) as exc:
         log.error("%s", exc)
         return 1
     print(json.dumps(summary.__dict__, indent=2))
@@ -207,6 +224,7 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         "--gpus-per-worker": args.gpus_per_worker,
         "--cpus-per-worker": args.cpus_per_worker,
         "--startup-timeout": args.startup_timeout,
+        "--decode-timeout": args.decode_timeout,
         "--max-failures": args.max_failures,
     }
     for flag, value in flags.items():
@@ -216,6 +234,8 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--set", item]
     if args.recursive:
         argv.append("--recursive")
+    if args.store_class_probs:
+        argv.append("--store-class-probs")
     if args.progress is False:
         argv.append("--no-progress")
     return [*argv, *args.overrides]
@@ -223,14 +243,14 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
 
 def _parse_overrides(items: list[str]) -> dict:
     """`KEY=VALUE` strings to detector overrides, values read as YAML scalars (`0.3`, `[0.5, 1, 2]`)."""
-    import yaml
+    from pipelines.engine.config_io import parse_yaml
 
     overrides = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--set {item!r} is not of the form KEY=VALUE (e.g. --set post_nms_topk=100)")
-        overrides[key.strip()] = yaml.safe_load(text)
+        overrides[key.strip()] = parse_yaml(text, f"--set {item!r}")
     return overrides
 
 
@@ -239,4 +259,8 @@ def _submit_self(args: argparse.Namespace) -> int:
 
     argv = cluster_argv(args)
     log.info("submitting to %s: xmodal %s", args.address, shlex.join(argv))
-    return submit_job(args.address, argv)
+    try:
+        return submit_job(args.address, argv)
+    except (ConnectionError, FileNotFoundError, ValueError) as exc:  # as `xmodal submit` reports them
+        log.error("%s", exc)
+        return 1

@@ -1,4 +1,4 @@
-"""`xmodal features info|verify|import|export|merge|show`: inspect, convert and draw region-feature stores."""
+"""`xmodal features info|ls|verify|import|export|merge|show`: inspect, convert and draw feature stores."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+LS_LIMIT = 100
 VG_VOCAB_ENV = "XMODAL_VG_VOCAB"  # the VG vocabulary folder for `features show` when --vocab is absent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for add in (_add_info, _add_verify, _add_import, _add_export, _add_merge, _add_show):
+    for add in (_add_info, _add_ls, _add_verify, _add_import, _add_export, _add_merge, _add_show):
         add(sub)
 
 
@@ -55,16 +58,50 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_ls(sub) -> None:
+    p = sub.add_parser("ls", help="list record ids (key order), a page at a time")
+    p.add_argument("path", nargs="+", help="store directory (several shards are read as one)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many ids first (default: 0)")
+    p.add_argument(
+        "--limit", type=int, default=LS_LIMIT, help=f"ids to list, 0 for all (default: {LS_LIMIT})"
+    )
+    p.add_argument("--json", action="store_true", help='one JSON object: {"total", "offset", "ids"}')
+    p.set_defaults(_action=_ls)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from itertools import islice
+
+    from storage import FeatureReader
+
+    if args.offset < 0 or args.limit < 0:
+        raise ValueError("--offset and --limit must be 0 or more")
+    reader = FeatureReader(args.path)
+    stop = args.offset + args.limit if args.limit else None
+    ids = list(islice(reader.keys(), args.offset, stop))
+    total = len(reader)
+    if args.json:
+        print(json.dumps({"total": total, "offset": args.offset, "ids": ids}))
+        return 0
+    for img_id in ids:
+        print(img_id)
+    shown_to = args.offset + len(ids)
+    if shown_to < total:
+        print(f"# {args.offset + 1}-{shown_to} of {total}; next page: --offset {shown_to}", file=sys.stderr)
+    return 0
+
+
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check that every record decodes and matches its checksum")
     p.add_argument("path", nargs="+", help="store directory (several shards are checked together)")
+    p.add_argument("--deep", action="store_true", help="also check values (finite, boxes, labels)")
     p.set_defaults(_action=_verify)
 
 
 def _verify(args: argparse.Namespace) -> int:
     from storage.verify import verify
 
-    report = verify(args.path)
+    report = verify(args.path, deep=args.deep)
     for img_id, reason in report.bad:
         print(f"BAD {img_id}: {reason}")
     for problem in report.problems:
@@ -74,6 +111,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _add_import(sub) -> None:
+    from storage.formats import FORMATS
+
     p = sub.add_parser("import", help="feature .tsv or HDF5 (.h5/.hdf5) -> store")
     p.add_argument(
         "src",
@@ -81,7 +120,7 @@ def _add_import(sub) -> None:
         "bottom-up-attention-vqa HDF5, or an xmodal HDF5 export",
     )
     p.add_argument("dst", help="store directory (created, or appended to: ids it holds are skipped)")
-    p.add_argument("--format", choices=("tsv", "hdf5"), help="source format (default: from the extension)")
+    p.add_argument("--format", choices=sorted(FORMATS), help="source format (default: from the extension)")
     p.add_argument(
         "--dtype", choices=("float16", "float32"), help="stored feature dtype (default: DST's, else float16)"
     )
@@ -98,23 +137,20 @@ def _add_import(sub) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from storage.hdf5 import hdf5_max_boxes, read_hdf5
+    from storage.formats import format_of, options_for
     from storage.importer import import_records
     from storage.info import describe
-    from storage.tsv import read_tsv, tsv_layout
 
-    fmt = args.format or _format_of(args.src)
-    if args.ids and fmt != "hdf5":
-        raise SystemExit("--ids applies to HDF5 sources only")
+    fmt = format_of(args.src, args.format)
+    options = options_for(fmt, {"ids": args.ids}, fmt.read_options, "sources")
     dtype, max_boxes, feature_dim = "float16", 36, None
     if Path(args.dst, "data.mdb").is_file():
         meta = describe(args.dst)
         dtype, max_boxes, feature_dim = meta["dtype"], meta["max_boxes"], meta["feature_dim"]
-    elif fmt == "hdf5":
-        max_boxes = hdf5_max_boxes(args.src)
-    items = read_tsv(args.src) if fmt == "tsv" else read_hdf5(args.src, ids=args.ids)
+    elif fmt.max_boxes is not None:
+        max_boxes = fmt.max_boxes(args.src)
     report = import_records(
-        items,
+        fmt.read(args.src, **options),
         args.src,
         args.dst,
         dtype=args.dtype or dtype,
@@ -122,7 +158,7 @@ def _import(args: argparse.Namespace) -> int:
         feature_dim=args.feature_dim or feature_dim,
         skip_bad=args.skip_bad,
         replace=args.replace,
-        provenance={"format": fmt, **({"layout": tsv_layout(args.src)} if fmt == "tsv" else {})},
+        provenance={"format": fmt.name, **fmt.describe(args.src)},
     )
     print(
         f"{args.dst}: {report.written} records written, {report.already_present} already present, "
@@ -132,11 +168,13 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub) -> None:
+    from storage.formats import FORMATS
+
     p = sub.add_parser("export", help="store -> LXMERT .tsv or HDF5 (.h5/.hdf5)")
     p.add_argument("src", nargs="+", help="store directory (several shards are exported as one)")
     p.add_argument("dst", help="output .tsv, .h5 or .hdf5 file")
-    p.add_argument("--format", choices=("tsv", "hdf5"), help="output format (default: from the extension)")
-    p.add_argument("--dtype", choices=("float16", "float32"), default="float32", help="HDF5 feature dtype")
+    p.add_argument("--format", choices=sorted(FORMATS), help="output format (default: from the extension)")
+    p.add_argument("--dtype", choices=("float16", "float32"), help="HDF5 feature dtype (default: float32)")
     p.add_argument(
         "--skip-empty",
         action="store_true",
@@ -147,18 +185,14 @@ def _add_export(sub) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from storage import FeatureReader
-    from storage.hdf5 import export_hdf5
-    from storage.tsv import export_tsv
+    from storage.formats import format_of, options_for
 
-    fmt = args.format or _format_of(args.dst)
-    if args.skip_empty and fmt != "tsv":
-        raise SystemExit("--skip-empty applies to TSV exports only")
-    reader = FeatureReader(args.src)
-    if fmt == "tsv":
-        count = export_tsv(reader, args.dst, skip_empty=args.skip_empty)
-    else:
-        count = export_hdf5(reader, args.dst, dtype=args.dtype)
-    print(f"{args.dst}: {count} records exported ({fmt})")
+    fmt = format_of(args.dst, args.format)
+    options = options_for(
+        fmt, {"skip_empty": args.skip_empty, "dtype": args.dtype}, fmt.write_options, "exports"
+    )
+    count = fmt.write(FeatureReader(args.src), args.dst, **options)
+    print(f"{args.dst}: {count} records exported ({fmt.name})")
     return 0
 
 
@@ -167,13 +201,19 @@ def _add_merge(sub) -> None:
     p.add_argument("src", nargs="+", help="source stores (a single one is copied and checked)")
     p.add_argument("dst", help="destination store (created, or appended to after an interrupted merge)")
     p.add_argument("--first-wins", action="store_true", help="for ids in several sources keep the first copy")
+    p.add_argument(
+        "--salvage",
+        action="store_true",
+        help="copy what damaged sources still hold, logging each broken page and corrupt record left out "
+        "(re-extract those ids: extraction skips the stored ones)",
+    )
     p.set_defaults(_action=_merge)
 
 
 def _merge(args: argparse.Namespace) -> int:
     from storage.merge import merge_stores
 
-    written = merge_stores(args.src, args.dst, first_wins=args.first_wins)
+    written = merge_stores(args.src, args.dst, first_wins=args.first_wins, salvage=args.salvage)
     print(f"{args.dst}: {written} records written from {len(args.src)} sources")
     return 0
 
@@ -202,7 +242,7 @@ def _show(args: argparse.Namespace) -> int:
 
     reader = FeatureReader(args.path)
     if args.img_id not in reader:
-        raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features info` lists the store")
+        raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features ls` lists its ids")
     rec = reader[args.img_id]
     objects, attributes = None, None
     if args.vocab:
@@ -220,12 +260,3 @@ def _show(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot write {args.out}: use a .png or .jpg name in a writable folder")
     print(f"{args.out}: {rec.num_boxes} regions of {args.img_id!r} drawn")
     return 0
-
-
-def _format_of(path: str) -> str:
-    suffixes = Path(path).suffixes
-    if suffixes and suffixes[-1] in (".tsv", ".csv"):
-        return "tsv"
-    if suffixes and suffixes[-1] in (".h5", ".hdf5"):
-        return "hdf5"
-    raise SystemExit(f"cannot tell the format of {path} from its name: use .tsv, .h5 or .hdf5, or --format")

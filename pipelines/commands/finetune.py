@@ -11,7 +11,8 @@ from pipelines.commands.run_options import add_run_arguments, resolve_run_config
 EPILOG = """\
 data: VQA/GQA JSON rows {question_id, img_id, sent, label: {answer: score}}, NLVR2 rows
 {identifier, img0, img1, sent, label: 0|1} (JSON list or JSON lines); every image id must be in --features.
-defaults (SPEC): lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32, 4 epochs, warm-up 10%, clip 5.0.
+defaults (the release's): BertAdam, lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32, 4 epochs, warm-up 10%,
+clip 5.0.
 precedence: task defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
 < KEY=VALUE overrides (e.g. train.grad_accum=2 task.max_length=30 task.model.hidden_dropout_prob=0.2).
 The run directory holds best/ (by validation accuracy), last/, checkpoints/, metrics.jsonl, config.yaml;
@@ -28,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", choices=finetuning_tasks(), help="which fine-tuning task")
     add_run_arguments(parser, "files")
     parser.add_argument(
-        "--arch", choices=sorted(FAMILIES), help="model family without --init (default: task.arch)"
+        "--arch",
+        choices=sorted(FAMILIES),
+        help="model family (default: the --init directory's, else task.arch, else lxmert)",
     )
     parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
     parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if run_cfg.task.task != args.task:
             raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
         summary = finetune(run_cfg, out, resume=args.resume)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal finetune: {exc}", file=sys.stderr)
         return 1
     best = summary.get("best")

@@ -40,6 +40,12 @@ def add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
         "--skip-missing", action="store_true", help="drop examples whose images are not stored"
     )
     parser.add_argument(
+        "--skip-bad-records",
+        action="store_true",
+        help="drop examples whose stored records fail the value checks (non-finite, out of range), "
+        "logging each, instead of stopping",
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
     )
     parser.add_argument("--workers", type=int, help="Ray Train workers (default: train in this process)")
@@ -110,6 +116,7 @@ def resolve_run_config(
         "train_files": train,
         "valid_files": valid,
         "skip_missing": args.skip_missing or None,
+        "skip_bad_records": args.skip_bad_records or None,
     }
     task.update(task_flags)
     data = {

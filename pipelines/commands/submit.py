@@ -11,7 +11,10 @@ log = logging.getLogger(__name__)
 EPILOG = """\
 example: xmodal submit --address http://HEAD:8265 -- extract /data/images --out /data/feats.lmdb
 
-The working dir (default: .) is uploaded without .venv, demo_run, runs, *.lmdb and .git, and
+The working dir (default: .) is uploaded without caches (.venv, .git, runs, ...), secrets (.env*, keys,
+tokens, credentials), weights (*.pt, *.bin, *.safetensors, *.pkl, ...) and data (*.lmdb, *.h5, *.tsv,
+images, archives); what goes up and its size are printed first (--include PATTERN puts a file back), and
+more than Ray's upload limit (512 MiB) is refused before sending. Then
 `python -m pipelines COMMAND...` (that is, `xmodal COMMAND...` from the uploaded code) runs on the head
 with the cluster's Python, so paths must be valid there (shared storage). Logs stream here; the exit
 status is the job's. Ctrl-C stops following, not the job. Clusters with token auth (Ray >= 2.60) get
@@ -28,6 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Ray dashboard (Jobs API) address, e.g. http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS)",
     )
     parser.add_argument("--working-dir", default=".", help="code folder to upload (default: .)")
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="upload files the defaults leave out, e.g. --include 'configs/*.pt' (gitignore syntax, "
+        "repeatable)",
+    )
     parser.add_argument(
         "--no-wait", dest="wait", action="store_false", help="return once the job is accepted"
     )
@@ -49,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("--address is required (the Ray dashboard, e.g. http://HEAD:8265)")
         return 1
     try:
-        return submit_job(args.address, argv, working_dir=args.working_dir, wait=args.wait)
-    except (ConnectionError, FileNotFoundError) as exc:
+        return submit_job(
+            args.address, argv, working_dir=args.working_dir, wait=args.wait, include=args.include
+        )
+    except (ConnectionError, FileNotFoundError, ValueError) as exc:
         log.error("%s", exc)
         return 1

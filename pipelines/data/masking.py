@@ -1,4 +1,4 @@
-"""Pre-training collation (SPEC §2): masked tokens, masked objects, mismatched sentences, QA answers.
+"""Pre-training collation: masked tokens, masked objects or regions, mismatched sentences, QA answers.
 
 Runs in DataLoader workers; every random choice comes from the `rng` handed in, so a batch is a pure
 function of its examples and its seed. Validation items (`"evaluation": True`) also get the questions'
@@ -63,15 +63,22 @@ def mask_words(
 
 
 def mask_objects(
-    feats: np.ndarray, valid: np.ndarray, group: np.ndarray, rng: np.random.Generator, prob: float
+    feats: np.ndarray,
+    valid: np.ndarray,
+    group: np.ndarray,
+    rng: np.random.Generator,
+    prob: float,
+    zero: float = 0.8,
+    swap: float = 0.1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pick each real object (B, N) with `prob`: 80% zeroed, 10% the feature of a random object of another
-    image of the batch (`group` = image of each row), 10% kept. Returns (new features, picked)."""
+    """Pick each real object (B, N) with `prob`: a share `zero` of them zeroed, `swap` given the feature of
+    a random object of another image of the batch (`group` = image of each row), the rest kept (LXMERT:
+    80/10/10, ViLBERT: 90/0/10). Returns (new features, picked)."""
     picked = (rng.random(valid.shape) < prob) & valid
     fate = rng.random(valid.shape)
     out = feats.copy()
-    out[picked & (fate < 0.8)] = 0.0
-    for b, n in zip(*np.nonzero(picked & (fate >= 0.8) & (fate < 0.9)), strict=True):
+    out[picked & (fate < zero)] = 0.0
+    for b, n in zip(*np.nonzero(picked & (fate >= zero) & (fate < zero + swap)), strict=True):
         others = np.nonzero((group != group[b]) & valid.any(axis=1))[0]
         if len(others) == 0:
             continue  # a batch of one image has no other image to borrow from: the feature stays
@@ -95,7 +102,7 @@ def sample_answer(answers: Sequence[tuple[int, float]], rng: np.random.Generator
 
 @dataclass
 class MaskingConfig:
-    """Which pre-training tasks get labels, and the SPEC's probabilities."""
+    """Which pre-training tasks get labels, and the release's probabilities."""
 
     mlm: bool = True
     matched: bool = True
@@ -103,16 +110,21 @@ class MaskingConfig:
     attr: bool = True
     feat: bool = True
     qa: bool = True
+    # masked-region classification (ViLBERT): the detector's class distribution of each masked region, or
+    # its top class weighted by confidence where the store has no distribution
+    regions: bool = True
     mlm_prob: float = 0.15
     object_prob: float = 0.15
+    # shares of the masked objects zeroed and swapped for another image's, the rest kept; None = the
+    # model's own rule (its pre-training class's REGION_MASKING), else LXMERT's 0.8 / 0.1
+    object_zero: float | None = None
+    object_swap: float | None = None
     mismatch_prob: float = 0.5
     max_seq_len: int = 20
     # the release weights label losses by detector confidence on all objects; "masked" only on picked ones
     object_loss_on: Literal["all", "masked"] = "all"
-    # VL-BERT's recipe: mask whole words; name the masked regions and give the detector's class
-    # distribution (or its top class) as their targets
-    whole_words: bool = False
-    masked_regions: bool = False
+    # mask a word's WordPiece pieces together (VL-BERT's recipe); None = the model's own rule
+    whole_words: bool | None = None
 
 
 class PretrainCollator:
@@ -186,27 +198,20 @@ class PretrainCollator:
             m = item["features"].shape[0]
             obj[k, :m], obj_conf[k, :m] = item["objects_id"], item["objects_conf"]
             attr[k, :m], attr_conf[k, :m] = item["attrs_id"], item["attrs_conf"]
-        visual = cfg.obj or cfg.attr or cfg.feat
+        # regions imported without detector labels (UNKNOWN_LABEL, -1) train no label loss: label 0, weight 0
+        for labels, conf in ((obj, obj_conf), (attr, attr_conf)):
+            unknown = labels < 0
+            labels[unknown], conf[unknown] = 0, 0.0
+        visual = cfg.obj or cfg.attr or cfg.feat or cfg.regions
         if visual:
             group = np.unique([item["img_id"] for item in items], return_inverse=True)[1]
-            masked_feats, picked = mask_objects(feats, valid, group, rng, cfg.object_prob)
+            fates = {"zero": cfg.object_zero, "swap": cfg.object_swap}
+            masked_feats, picked = mask_objects(
+                feats, valid, group, rng, cfg.object_prob, **{k: v for k, v in fates.items() if v is not None}
+            )
             batch["visual_feats"] = torch.from_numpy(masked_feats)
             chosen = picked if cfg.object_loss_on == "masked" else valid
-            if cfg.masked_regions:
-                batch["masked_regions"] = torch.from_numpy(picked)
-                chosen = picked
-                probs = [item.get("class_probs") for item in items]
-                if all(p is not None for p in probs):
-                    targets = np.zeros((b, n, probs[0].shape[1]), dtype=np.float32)
-                    for k, p in enumerate(probs):
-                        targets[k, : p.shape[0]] = p
-                    batch["region_targets"] = torch.from_numpy(targets)
-            if cfg.obj and cfg.masked_regions:
-                # class_probs' index: background first, so object k is class k + 1; unknown labels weigh 0
-                known = obj >= 0
-                batch["obj_labels"] = torch.from_numpy(np.where(known, obj + 1, 0))
-                batch["obj_weights"] = torch.from_numpy(obj_conf * chosen * known)
-            elif cfg.obj:
+            if cfg.obj:
                 batch["obj_labels"] = torch.from_numpy(obj)
                 batch["obj_weights"] = torch.from_numpy(obj_conf * chosen)
             if cfg.attr:
@@ -215,6 +220,8 @@ class PretrainCollator:
             if cfg.feat:
                 batch["feat_targets"] = torch.from_numpy(feats)
                 batch["feat_weights"] = torch.from_numpy(picked.astype(np.float32))
+            if cfg.regions:
+                batch.update(_region_targets(items, picked, obj, obj_conf))
         else:
             batch["visual_feats"] = torch.from_numpy(feats)
         batch["visual_pos"] = torch.from_numpy(boxes)
@@ -290,6 +297,25 @@ class PretrainCollator:
             if other.img_id != img_id:
                 return other.sentence
         return None
+
+
+def _region_targets(items: list[dict], picked: np.ndarray, obj: np.ndarray, conf: np.ndarray) -> dict:
+    """`region_mask` (B, N) and `region_probs` (B, N, C) when every image of the batch has its class
+    distribution, else `region_labels` / `region_weights`: the top class and its confidence (0 where the
+    store has no label)."""
+    out = {"region_mask": torch.from_numpy(picked.astype(np.float32))}
+    probs = [item.get("class_probs") for item in items]
+    if all(p is not None for p in probs):
+        b, n = picked.shape
+        dense = np.zeros((b, n, probs[0].shape[1]), dtype=np.float32)
+        for k, p in enumerate(probs):
+            dense[k, : p.shape[0]] = p
+        out["region_probs"] = torch.from_numpy(dense)
+    else:
+        known = obj >= 0
+        out["region_labels"] = torch.from_numpy(np.where(known, obj, 0))
+        out["region_weights"] = torch.from_numpy(np.where(known, conf, 0.0).astype(np.float32))
+    return out
 
 
 def _pad_to(a: np.ndarray, width: int, value: int) -> np.ndarray:

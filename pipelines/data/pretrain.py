@@ -143,5 +143,5 @@ class PretrainDataset(Dataset):
             "objects_conf": rec.objects_conf,
             "attrs_id": rec.attrs_id,
             "attrs_conf": rec.attrs_conf,
-            "class_probs": rec.class_probs,  # (N, C) detector class distribution, or None
+            "class_probs": rec.class_probs,  # None unless the store was extracted with them
         }

@@ -13,6 +13,8 @@ import torch
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 DEFAULT_VOCAB_SIZE = 30522  # bert-base-uncased
+MIN_REAL_TOKENS = 1  # none at all is a failed download or an empty corpus, not a vocabulary
+HUB_PROBE_TIMEOUT = 10.0  # seconds
 
 
 def load_tokenizer(vocab: str | Path):
@@ -31,19 +33,55 @@ def load_tokenizer(vocab: str | Path):
             )
         # from_pretrained(directory) reads a vocab.txt the same way across transformers versions
         if path.name == "vocab.txt":
-            return BertTokenizerFast.from_pretrained(str(path.parent), do_lower_case=True)
+            return _checked(BertTokenizerFast.from_pretrained(str(path.parent), do_lower_case=True), path)
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copyfile(path, Path(tmp) / "vocab.txt")
-            return BertTokenizerFast.from_pretrained(tmp, do_lower_case=True)
+            return _checked(BertTokenizerFast.from_pretrained(tmp, do_lower_case=True), path)
     if path.suffix == ".txt" or path.exists():
         raise FileNotFoundError(f"vocab {vocab}: no such vocab.txt; build one with `xmodal vocab build`")
-    try:
-        return BertTokenizerFast.from_pretrained(str(vocab), do_lower_case=True)
-    except OSError as exc:
+    return _checked(_hub_tokenizer(str(vocab)), vocab)
+
+
+def _hub_tokenizer(hub_id: str):
+    """The hub tokenizer from the local cache, else after one quick probe of the hub: offline, the hub
+    client would retry each file for minutes, and transformers then returns a tokenizer of the special
+    tokens alone instead of failing."""
+    import os
+
+    from transformers import BertTokenizerFast
+
+    cached = BertTokenizerFast.from_pretrained(hub_id, do_lower_case=True, local_files_only=True)
+    if len(cached) > len(SPECIAL_TOKENS):
+        return cached
+    hint = (
+        "pass a vocab.txt with --vocab (a run directory's vocab.txt works), or build one with "
+        "`xmodal vocab build CORPUS... --out vocab.txt`"
+    )
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise OSError(
-            f"could not load tokenizer {vocab!r} from the HuggingFace hub ({exc}); without hub access, "
-            "build a vocab with `xmodal vocab build CORPUS... --out vocab.txt` and pass its path"
+            f"tokenizer {hub_id!r} is not in the local HuggingFace cache and HF_HUB_OFFLINE is set; {hint}"
+        )
+    import huggingface_hub
+
+    try:
+        huggingface_hub.model_info(hub_id, timeout=HUB_PROBE_TIMEOUT)
+    except Exception as exc:  # no network, unknown id, gated repo: all end the same way for the user
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise OSError(
+            f"cannot load tokenizer {hub_id!r} from the HuggingFace hub ({reason}); {hint}"
         ) from exc
+    return BertTokenizerFast.from_pretrained(hub_id, do_lower_case=True)
+
+
+def _checked(tokenizer, source):
+    """Refuse a vocabulary of (almost) nothing but the special tokens: training on it is meaningless."""
+    real = len(tokenizer) - len(SPECIAL_TOKENS)
+    if real < MIN_REAL_TOKENS:
+        raise ValueError(
+            f"vocab {source} has {real} tokens besides the special ones (need at least {MIN_REAL_TOKENS}); "
+            "build one with `xmodal vocab build CORPUS... --out vocab.txt`"
+        )
+    return tokenizer
 
 
 def corpus_texts(files: Sequence[str | Path]) -> Iterator[str]:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 STATE_FILE = "trainer_state.pt"
+STATE_KEYS = ("model", "optimizer", "scheduler", "step", "batch_size", "micro_batch", "world", "grad_accum")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -49,3 +53,27 @@ def prune(root: Path, keep: int) -> None:
     """Delete all but the newest `keep` step directories."""
     for _, old in sorted(step_dirs(root))[:-keep]:
         shutil.rmtree(old)
+
+
+def read_state(path: Path, device: torch.device | str = "cpu") -> dict:
+    """The trainer state saved at `path`, read as tensors and plain values only (never pickled code);
+    ValueError on one line naming the file, why, and what to do."""
+    fix = f"delete {path.parent} to resume from the checkpoint before it, or start a new --out"
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # torch's refusals are UnpicklingError, RuntimeError or EOFError
+        raise ValueError(f"{path} cannot be resumed from: {_load_failure(exc)}; {fix}") from exc
+    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
+    if missing:
+        raise ValueError(f"{path} is not a trainer state written by xmodal (no {', '.join(missing)}); {fix}")
+    return state
+
+
+def _load_failure(exc: BaseException) -> str:
+    text = str(exc)
+    if "Weights only load failed" in text:
+        found = re.search(r"GLOBAL (\S+)", text)
+        what = f"it would import {found.group(1)}" if found else "it is not a tensor-only file"
+        return f"{what}, so it was not unpickled (xmodal never runs pickled code)"
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

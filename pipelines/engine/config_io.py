@@ -46,14 +46,32 @@ def load(
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or f"not UTF-8 text: {exc.reason}"
+        raise ValueError(f"config {str(path)!r} cannot be read ({reason})") from exc
+    data = parse_yaml(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping of config keys")
     return data
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Plain YAML data (mappings, lists, scalars); any other tag, e.g. !!python/object, is refused:
+    ValueError on one line naming `where`, the line and the problem."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if isinstance(exc, yaml.constructor.ConstructorError):
+            problem = (
+                f"{problem}: only plain values (numbers, strings, lists, mappings) are read, never objects"
+            )
+        raise ValueError(f"{where}: refused YAML{at} ({problem})") from exc
 
 
 def save_yaml(obj: Any, path: str | Path) -> None:
@@ -88,7 +106,7 @@ def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} is not of the form key=value (nested keys: a.b=value)")
-        value: Any = yaml.safe_load(text) if text.strip() else None
+        value: Any = parse_yaml(text, f"override {item!r}") if text.strip() else None
         for part in reversed(key.split(".")[1:]):
             value = {part: value}
         cfg = merge(cfg, {key.split(".")[0]: value}, where=f"override {item!r}")

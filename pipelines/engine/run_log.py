@@ -1,54 +1,110 @@
-"""The run log: metrics.jsonl rows, mirrored to the console and TensorBoard, and curves.png from them."""
+"""The run log: metrics.jsonl rows, mirrored to the console (progress) and the trackers, and curves.png."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import sys
+import time
 from pathlib import Path
+
+from pipelines.engine.trackers import Tracker, open_trackers
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
+PROGRESS_MODES = ("auto", "bar", "log")
 
 
 class RunLog:
-    """Rows of one run directory; only the main worker writes (`enabled`)."""
+    """Rows of one run directory, mirrored to the trackers and the console; only the main worker writes
+    (`enabled`)."""
 
-    def __init__(self, out_dir: Path, enabled: bool) -> None:
+    def __init__(self, out_dir: Path, enabled: bool, trackers: list[str], progress: str = "auto") -> None:
         self.out_dir = out_dir
         self.path = out_dir / METRICS_FILE
         self.enabled = enabled
-        self.tb = None
+        self.tracker_names = trackers
+        self.progress_mode = progress
+        self.trackers: list[Tracker] = []
+        self.progress: Progress | None = None
 
-    def open(self, step: int) -> None:
+    def open(self, step: int, total_steps: int, config: dict) -> None:
         """Start (or resume at `step`: later rows are dropped, they will be logged again)."""
         if not self.enabled:
             return
         _truncate_metrics(self.path, step)
-        self.tb = _tensorboard(self.out_dir / "tensorboard")
+        self.trackers = open_trackers(self.tracker_names, self.out_dir, config)
+        self.progress = Progress(step, total_steps, self.progress_mode)
+
+    def advance(self, step: int) -> None:
+        """One optimizer step done."""
+        if self.progress is not None:
+            self.progress.advance(step)
 
     def log(self, row: dict) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
-        log.info("%s", shown)
-        if self.tb is not None:
-            for k, v in row.items():
-                if k not in ("step", "epoch") and isinstance(v, (int, float)):
-                    self.tb.add_scalar(k, v, row["step"])
+        if self.progress is not None:
+            self.progress.show(row)
+        numbers = {k: float(v) for k, v in row.items() if k not in ("step", "epoch") and _is_number(v)}
+        for tracker in self.trackers:
+            tracker.log(numbers, row["step"])
 
     def curves(self) -> None:
         if self.enabled:
             write_curves(self.path, self.out_dir / CURVES_FILE)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
+
+class Progress:
+    """Training progress on the console: a bar (step, loss, samples/s, ETA) on a terminal, else the logged
+    rows as plain lines with an ETA. `mode`: auto (bar when stderr is a terminal), bar or log."""
+
+    def __init__(self, step: int, total_steps: int, mode: str = "auto") -> None:
+        if mode not in PROGRESS_MODES:
+            raise ValueError(f"train.progress must be one of {PROGRESS_MODES}, got {mode!r}")
+        self.first, self.total = step, total_steps
+        self.start = time.perf_counter()
+        self.bar = None
+        if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=step, unit="step", desc="training", dynamic_ncols=True)
+
+    def advance(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+
+    def eta(self, step: int) -> float | None:
+        done = step - self.first
+        return (self.total - step) * (time.perf_counter() - self.start) / done if done > 0 else None
+
+    def show(self, row: dict) -> None:
+        if self.bar is not None:
+            shown = {k: row[k] for k in ("loss", "samples_per_s") if k in row}
+            shown.update({k: v for k, v in row.items() if k.startswith("valid_")})
+            self.bar.set_postfix({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in shown.items()})
+            return
+        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+        eta = self.eta(row["step"]) if "step" in row else None
+        log.info("%s/%s %s%s", row.get("step"), self.total, text, f" eta={_duration(eta)}" if eta else "")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -103,12 +159,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _tensorboard(directory: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError:
-            return None
-    return SummaryWriter(str(directory))
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"

@@ -11,7 +11,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -20,7 +20,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipelines.engine import config_io
-from pipelines.engine.checkpoints import STATE_FILE, latest_checkpoint, prune, replace_dir, step_dir
+from pipelines.engine.checkpoints import (
+    STATE_FILE,
+    latest_checkpoint,
+    prune,
+    read_state,
+    replace_dir,
+    step_dir,
+)
+from pipelines.engine.optimizers import build_optimizer
 from pipelines.engine.run_log import RunLog
 
 log = logging.getLogger(__name__)
@@ -34,6 +42,8 @@ class TrainConfig:
     all workers and accumulation steps (a micro-batch holds batch_size / (workers x grad_accum))."""
 
     lr: float = 1e-4
+    # bertadam: the LXMERT release's BertAdam (no bias correction, eps 1e-6); adamw: torch's AdamW
+    optimizer: Literal["adamw", "bertadam"] = "adamw"
     batch_size: int = 32
     epochs: int = 1
     max_steps: int | None = None  # when set, wins over epochs
@@ -46,6 +56,8 @@ class TrainConfig:
     save_every: int | None = None  # steps between checkpoints; one is always written at the end
     keep_checkpoints: int | None = None  # keep only the newest K step directories
     log_every: int = 10
+    progress: Literal["auto", "bar", "log"] = "auto"  # auto: a bar on a terminal, else plain log lines
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # + mlflow, wandb (when installed)
     eval_every: int | None = None  # steps between validations; None = at each epoch end
     eval_batch_size: int | None = None  # None = the micro-batch size
     seed: int = 0
@@ -117,7 +129,7 @@ class TrainingRun:
         self.micro_batch = cfg.batch_size // (self.world * cfg.grad_accum)
         self.resume = resume
         self.ckpt_root = out_dir / "checkpoints"
-        self.run_log = RunLog(out_dir, enabled=self.is_main)
+        self.run_log = RunLog(out_dir, enabled=self.is_main, trackers=cfg.trackers, progress=cfg.progress)
 
     # ---- setup
     def _build(self) -> None:
@@ -133,8 +145,8 @@ class TrainingRun:
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * self.steps_per_epoch
         torch.manual_seed(cfg.seed)
         self.model = self.task.build_model().to(self.device)
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
+        self.optimizer = build_optimizer(
+            cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay
         )
         warmup = int(cfg.warmup_ratio * self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -158,7 +170,7 @@ class TrainingRun:
         if latest is None:
             log.warning("resume requested but %s holds no checkpoint: starting from step 0", self.ckpt_root)
             return
-        state = torch.load(latest / STATE_FILE, map_location=self.device, weights_only=True)
+        state = read_state(latest / STATE_FILE, self.device)
         if state["micro_batch"] * state["world"] * state["grad_accum"] != self.cfg.batch_size:
             raise ValueError(
                 f"{latest}: saved with batch_size {state['batch_size']}, now {self.cfg.batch_size}"
@@ -179,8 +191,8 @@ class TrainingRun:
         self._restore()
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self.run_log.open(self.step)
             self._write_config()
+            self.run_log.open(self.step, self.total_steps, self._config_dict())
         model = self.model
         if self.distributed:
             model = torch.nn.parallel.DistributedDataParallel(
@@ -205,6 +217,7 @@ class TrainingRun:
                     window.setdefault(k, []).append(v)
                 samples += cfg.batch_size
                 self.step += 1
+                self.run_log.advance(self.step)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     now = time.perf_counter()
                     row = {"step": self.step, "epoch": epoch, "lr": lr}
@@ -362,12 +375,15 @@ class TrainingRun:
     def _log(self, row: dict) -> None:
         self.run_log.log(row)
 
-    def _write_config(self) -> None:
+    def _config_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"train": config_io.to_dict(self.cfg)}
         task_cfg = getattr(self.task, "config", None)
         if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
             data["task"] = config_io.to_dict(task_cfg)
-        config_io.save_yaml(data, self.out_dir / "config.yaml")
+        return data
+
+    def _write_config(self) -> None:
+        config_io.save_yaml(self._config_dict(), self.out_dir / "config.yaml")
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

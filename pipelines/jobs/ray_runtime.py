@@ -14,6 +14,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DASHBOARD_HOST = "127.0.0.1"
+LOOPBACK = "127.0.0.1"  # a private instance's node address: every Ray server of it listens there only
 # what a job's Ray workers import; uploaded when this driver joins a cluster, unless from a Ray Job
 SHIPPED_PACKAGES = ("extraction", "storage", "model", "pipelines")
 # Set by Ray (2.60: JobSupervisor._get_driver_env_vars) in a Ray Job's driver only, which it also gives
@@ -100,15 +101,17 @@ def init_ray(
     if address is None and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]
     if address is None:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus or local_cpu_count(),
-            include_dashboard=include_dashboard,
-            dashboard_host=DASHBOARD_HOST,
-            object_store_memory=object_store_memory,
-            logging_level=logging.WARNING,
-        )
-        log.info("started a local Ray instance (dashboard on %s only)", DASHBOARD_HOST)
+        with _loopback_node_address():
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or local_cpu_count(),
+                include_dashboard=include_dashboard,
+                dashboard_host=DASHBOARD_HOST,
+                object_store_memory=object_store_memory,
+                logging_level=logging.WARNING,
+                _node_ip_address=LOOPBACK,
+            )
+        log.info("started a local Ray instance on %s only", LOOPBACK)
     else:
         if address != "auto":
             enable_token_auth_if_available()
@@ -116,6 +119,27 @@ def init_ray(
         ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
         log.info("joined the Ray cluster at %s", address)
     return RaySession(address=_current_address(), started_here=True)
+
+
+@contextlib.contextmanager
+def _loopback_node_address() -> Iterator[None]:
+    """Let a private instance keep 127.0.0.1 as its node address.
+
+    Ray binds its servers to the node address, but `ray.init` swaps a loopback one for this machine's
+    external address (`services.resolve_ip_for_localhost`), except where it treats clusters as off
+    (`ray_constants.ENABLE_RAY_CLUSTER`, false on macOS and Windows): it is switched off during the start.
+    """
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):  # another Ray: its own resolution stands
+        yield
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 @contextlib.contextmanager

@@ -7,21 +7,13 @@ import logging
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from pipelines.jobs.upload import Upload, plan_upload
 
 log = logging.getLogger(__name__)
 
-# Large or machine-local things that must not be uploaded with the code.
-UPLOAD_EXCLUDES = [
-    ".venv",
-    "demo_run",
-    "runs",
-    "*.lmdb",
-    ".git",
-    "__pycache__",
-    "*.egg-info",
-    ".pytest_cache",
-]
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
@@ -34,25 +26,26 @@ def entrypoint(argv: list[str]) -> str:
     return shlex.join(["python", "-m", "pipelines", *argv])
 
 
-def submit_job(address: str, argv: list[str], working_dir: str | Path = ".", wait: bool = True) -> int:
-    """Submit `xmodal ARGV...`; with `wait`, stream its logs and return its exit status, else return 0."""
+def submit_job(
+    address: str,
+    argv: list[str],
+    working_dir: str | Path = ".",
+    wait: bool = True,
+    include: Sequence[str] = (),
+) -> int:
+    """Submit `xmodal ARGV...`; with `wait`, stream its logs and return its exit status, else return 0.
+
+    The working dir goes up without secrets, weights and data (`pipelines.jobs.upload`; `include` patterns
+    put some back); what goes up is said first, and an upload over Ray's limit is refused before sending."""
     from ray.job_submission import JobSubmissionClient
 
     from pipelines.jobs.ray_runtime import enable_token_auth_if_available
 
+    upload = plan_upload(working_dir, include)
+    print(upload.describe(), file=sys.stderr, flush=True)
     enable_token_auth_if_available()
-    working_dir = Path(working_dir).resolve()
-    if not working_dir.is_dir():
-        raise FileNotFoundError(f"--working-dir {working_dir} is not a folder")
     client = JobSubmissionClient(address)
-    job_id = client.submit_job(
-        entrypoint=entrypoint(argv),
-        runtime_env={
-            "working_dir": str(working_dir),
-            "excludes": UPLOAD_EXCLUDES,
-            "env_vars": {"PYTHONUNBUFFERED": "1"},
-        },
-    )
+    job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=runtime_env(upload))
     print(f"submitted Ray Job {job_id} to {address}: xmodal {shlex.join(argv)}", file=sys.stderr, flush=True)
     if not wait:
         print(f"follow it with: ray job logs --follow --address {address} {job_id}", file=sys.stderr)
@@ -73,6 +66,15 @@ def submit_job(address: str, argv: list[str], working_dir: str | Path = ".", wai
     code = getattr(info, "driver_exit_code", None)
     print(f"Ray Job {job_id} {status.lower()}: {info.message or ''}".rstrip(), file=sys.stderr)
     return int(code) if code else 1
+
+
+def runtime_env(upload: Upload) -> dict:
+    """The Ray Job's runtime_env: the planned working dir, with the excludes the plan was made with."""
+    return {
+        "working_dir": str(upload.root),
+        "excludes": list(upload.excludes),
+        "env_vars": {"PYTHONUNBUFFERED": "1"},
+    }
 
 
 async def _stream_logs(client, job_id: str) -> None:

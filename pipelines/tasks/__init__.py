@@ -6,6 +6,7 @@ from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.nlvr2 import NLVR2Task
 from pipelines.tasks.pretrain import PretrainTask
 from pipelines.tasks.qa import GQATask, VQATask
+from pipelines.tasks.retrieval import RetrievalTask
 
 # the one place a task name meets its class; a new task is one module plus one row here
 TASKS: dict[str, type] = {
@@ -13,6 +14,7 @@ TASKS: dict[str, type] = {
     "vqa": VQATask,
     "gqa": GQATask,
     "nlvr2": NLVR2Task,
+    "retrieval": RetrievalTask,
 }
 
 

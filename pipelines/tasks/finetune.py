@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from model import CONFIG_NAME, FORMAT, get_family, read_checkpoint
+from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, read_config
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
@@ -37,19 +38,21 @@ MODEL_INPUTS = (
 )
 
 
+DEFAULT_PRESET = "base"
+
+
 @dataclass
 class FinetuneConfig:
     """What to fine-tune on and from; `TrainConfig` says how to optimise."""
 
     task: str = "vqa"  # a fine-tuning task of pipelines.tasks.TASKS
-    arch: str = (
-        DEFAULT_ARCH  # the model family (model.architectures.FAMILIES) when there is no init directory
-    )
+    # the model family (model.architectures.FAMILIES); None = the init directory's, else DEFAULT_ARCH
+    arch: str | None = None
     features: list[str] = field(default_factory=list)
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
     init: str | None = None  # a pre-training (or any checkpoint) directory; None = random weights
-    preset: str = "base"  # model size when there is no init directory
+    preset: str | None = None  # model size without an init directory (None: base); with one, its config
     model: dict[str, Any] = field(
         default_factory=dict
     )  # model config overrides (dropout, visual_feat_dim...)
@@ -61,6 +64,7 @@ class FinetuneConfig:
     seed_answer_head: bool = True
     max_length: int = 20
     skip_missing: bool = False  # drop examples whose images are not in the store instead of failing
+    skip_bad_records: bool = False  # drop examples reading records that fail storage.validate
 
 
 @dataclass
@@ -74,12 +78,12 @@ class FinetuneRun:
 class FinetuneTask:
     """A trainer Task for one fine-tuning task; loads the data and tokenizer up front.
 
-    A subclass names its `role` in the model family, its SPEC learning rate, and how examples are read,
+    A subclass names its `role` in the model family, its learning rate, and how examples are read,
     turned into a dataset, collated, decoded into predictions, scored and written in the official format."""
 
     name: ClassVar[str]
     role: ClassVar[str]  # the model family's class for this task: models[role]
-    lr: ClassVar[float]  # SPEC §2: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
+    lr: ClassVar[float]  # the release: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
     example_noun: ClassVar[str] = "examples"
     primary_metric = "accuracy"
 
@@ -91,7 +95,7 @@ class FinetuneTask:
         if not cfg.train_files:
             raise ValueError("no training file given: pass --train train.json")
         self.config = cfg
-        self.family = get_family(cfg.arch)
+        self.family = _family(cfg)
         self.features = FeatureReader(cfg.features)
         self.train_examples = self._load(cfg.train_files, "training data")
         self.valid_examples = self._load(cfg.valid_files, "validation data") if cfg.valid_files else []
@@ -149,6 +153,12 @@ class FinetuneTask:
         raise NotImplementedError
 
     @staticmethod
+    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+        """The official scores (pipelines.scoring) of a prediction file in the task's official format
+        against a gold file; `questions`: a questions file checked against the gold (VQA)."""
+        raise NotImplementedError
+
+    @staticmethod
     def write_predictions(path: str | Path, predictions: dict) -> Path:
         """`predictions` in the official format of the task's evaluation server or script."""
         raise NotImplementedError
@@ -174,8 +184,10 @@ class FinetuneTask:
 
     @classmethod
     def default_train_config(cls) -> TrainConfig:
-        """The SPEC's fine-tuning schedule for this task."""
-        return TrainConfig(lr=cls.lr, batch_size=32, epochs=4, warmup_ratio=0.1, clip_norm=5.0)
+        """The release's fine-tuning recipe for this task: BertAdam, 10% warm-up, clip 5."""
+        return TrainConfig(
+            lr=cls.lr, optimizer="bertadam", batch_size=32, epochs=4, warmup_ratio=0.1, clip_norm=5.0
+        )
 
     # ---- setup
     def _load(self, files: list[str], what: str) -> list[Example]:
@@ -191,6 +203,7 @@ class FinetuneTask:
             examples = kept
         else:
             check_images(examples, self.features, f"{what} ({', '.join(files)})")
+        examples = drop_bad(examples, _images_of, self.features, self.config.skip_bad_records, what)
         if not examples:
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable example")
         return examples
@@ -199,12 +212,17 @@ class FinetuneTask:
         cfg = self.config
         config_class = self.family.config_class
         if cfg.init is None:
+            preset = cfg.preset or DEFAULT_PRESET
             log.warning(
-                "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use",
-                cfg.preset,
+                "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use", preset
             )
             overrides = data_overrides(config_class, self.tokenizer)
-            return config_class.preset(cfg.preset, **{**overrides, **cfg.model})
+            return config_class.preset(preset, **{**overrides, **cfg.model})
+        if cfg.preset is not None:
+            raise ValueError(
+                f"task.preset={cfg.preset} sizes a model built from scratch; with --init the model is the "
+                f"one in {cfg.init} (change its fields with task.model.NAME=VALUE)"
+            )
         return config_class.from_dict({**_saved_model_config(Path(cfg.init)), **cfg.model})
 
     # ---- the Task protocol
@@ -267,7 +285,7 @@ class FinetuneTask:
             self.answers.save(directory / ANSWERS_FILE)
         settings = {
             "task": self.name,
-            "arch": self.config.arch,
+            "arch": self.family.name,
             "max_length": self.config.max_length,
             "answers": ANSWERS_FILE if self.answers is not None else None,
             "init": self.config.init,
@@ -278,9 +296,27 @@ class FinetuneTask:
         (directory / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n")
 
 
+def _family(cfg: FinetuneConfig):
+    """The model family: the init directory's (a different `arch` is refused), else `arch`."""
+    if cfg.init is None:
+        return get_family(cfg.arch or DEFAULT_ARCH)
+    architecture = read_config(cfg.init)[0]
+    family = family_of(architecture)
+    if cfg.arch is not None and cfg.arch != family.name:
+        raise ValueError(
+            f"--init {cfg.init} holds a {family.name} model ({architecture}), not {cfg.arch}; "
+            "drop --arch or pick an init directory of that family"
+        )
+    return family
+
+
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The model's keyword inputs out of a collated batch."""
     return {k: batch[k] for k in MODEL_INPUTS}
+
+
+def _images_of(example: Example) -> tuple[str, ...]:
+    return example.images
 
 
 def _saved_model_config(directory: Path) -> dict:

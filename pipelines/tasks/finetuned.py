@@ -25,7 +25,7 @@ def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> Finet
 
 
 def default_run(task: str) -> FinetuneRun:
-    """A `task` run with the SPEC's schedule."""
+    """A `task` run with the release's schedule."""
     return FinetuneRun(task=FinetuneConfig(task=task), train=get_finetune_task(task).default_train_config())
 
 

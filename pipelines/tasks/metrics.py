@@ -1,101 +1,54 @@
-"""Evaluation metrics: VQA soft accuracy, GQA accuracy, NLVR2 accuracy and consistency."""
+"""Validation and `xmodal evaluate` scores: a split's examples as the gold of `pipelines.scoring`, whose
+nested results are flattened into `accuracy`, `accuracy/<type>`, `consistency` for the run log.
+
+The examples are LXMERT's JSON rows, so VQA is scored through their soft labels (the official rule
+on the normalised prediction, looked up in the label scores: LXMERT's approximation of the 10-human
+accuracy); `xmodal score` against the official annotations gives the exact number.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 
-from pipelines.data.answers import normalize_answer
 from pipelines.data.nlvr2 import NLVR2Example
 from pipelines.data.qa import QAExample
+from pipelines.scoring.gqa import GQAGold, score_gqa
+from pipelines.scoring.nlvr2 import score_nlvr2
+from pipelines.scoring.vqa import VQAGold, score_vqa
 
 
-def _missing(kind: str, missing: list) -> ValueError:
-    shown = ", ".join(repr(m) for m in missing[:5])
-    return ValueError(
-        f"{len(missing)} {kind} have no prediction (e.g. {shown}); predict every example before scoring"
-    )
-
-
-def soft_score(label: Mapping[str, float], prediction: str) -> float:
-    """The label's score for the predicted answer; keys the file did not normalise are matched after
-    `normalize_answer` (so "Two" in a label credits the table answer "2")."""
-    if prediction in label:
-        return float(label[prediction])
-    return max((float(v) for k, v in label.items() if normalize_answer(k) == prediction), default=0.0)
-
-
-def _check_qa(predictions: Mapping[Hashable, str], examples: Sequence[QAExample]) -> None:
-    if not examples:
-        raise ValueError("no examples to score")
-    missing = [ex.question_id for ex in examples if ex.question_id not in predictions]
-    if missing:
-        raise _missing("questions", missing)
-    unlabelled = [ex.question_id for ex in examples if ex.label is None]
-    if unlabelled:
-        raise ValueError(f"{len(unlabelled)} questions have no label (e.g. {unlabelled[0]!r}); cannot score")
+def _check_labelled(keys: list, kind: str) -> None:
+    if keys:
+        raise ValueError(f"{len(keys)} {kind} have no label (e.g. {keys[0]!r}); cannot score")
 
 
 def vqa_accuracy(predictions: Mapping[Hashable, str], examples: Sequence[QAExample]) -> dict[str, float]:
-    """Mean soft score of the predicted answer, overall and per answer type (in %).
-
-    The soft score is the example's `label[answer]` (0 when the answer is not listed): the
-    `min(1, humans / 3)`-style score the community files carry, as LXMERT's evaluator reads it.
-    Keys: `accuracy`, `accuracy/<answer_type>`.
-    """
-    _check_qa(predictions, examples)
-    total = 0.0
-    per_type: dict[str, list[float]] = defaultdict(list)
-    for ex in examples:
-        score = soft_score(ex.label, predictions[ex.question_id])
-        total += score
-        if ex.answer_type:
-            per_type[ex.answer_type].append(score)
-    out = {"accuracy": 100.0 * total / len(examples)}
-    for answer_type, scores in sorted(per_type.items()):
-        out[f"accuracy/{answer_type}"] = 100.0 * sum(scores) / len(scores)
+    """`accuracy` and `accuracy/<answer_type>` in percent, as `pipelines.scoring.vqa.score_vqa` on the
+    examples' soft labels."""
+    _check_labelled([ex.question_id for ex in examples if ex.label is None], "questions")
+    gold = {
+        ex.question_id: VQAGold(
+            ex.question_id, label=ex.label, answer_type=ex.answer_type, question_type=ex.question_type
+        )
+        for ex in examples
+    }
+    scores = score_vqa(predictions, gold)
+    out = {"accuracy": scores["accuracy"]}
+    out.update({f"accuracy/{k}": v for k, v in sorted(scores["per_answer_type"].items())})
     return out
 
 
 def gqa_accuracy(predictions: Mapping[Hashable, str], examples: Sequence[QAExample]) -> dict[str, float]:
-    """Exact-match accuracy (in %): GQA labels hold the one correct answer, `{answer: 1.0}`."""
-    _check_qa(predictions, examples)
-    right = sum(soft_score(ex.label, predictions[ex.question_id]) for ex in examples)
-    return {"accuracy": 100.0 * right / len(examples)}
-
-
-def nlvr2_sentence_key(identifier: str) -> str:
-    """The unique-sentence group of an NLVR2 identifier `split-set-pair-sentence`: the pair id blanked.
-
-    This is the official script's grouping (nlvr2/eval/metrics.py): one sentence is written for a set of
-    image pairs and is consistent when every pair it was paired with is judged right. Identifiers not in
-    that form are their own group.
-    """
-    parts = identifier.split("-")
-    if len(parts) < 4:
-        return identifier
-    parts[2] = ""
-    return "-".join(parts)
+    """Exact-match `accuracy` in percent, as `pipelines.scoring.gqa.score_gqa` (no normalisation)."""
+    _check_labelled([ex.question_id for ex in examples if ex.label is None], "questions")
+    gold = {str(ex.question_id): GQAGold(str(ex.question_id), label=ex.label) for ex in examples}
+    scores = score_gqa({str(k): v for k, v in predictions.items()}, gold)
+    return {k: v for k, v in scores.items() if k in ("accuracy", "binary", "open")}
 
 
 def nlvr2_metrics(predictions: Mapping[str, int], examples: Sequence[NLVR2Example]) -> dict[str, float]:
-    """Accuracy and consistency (in %) of 0/1 predictions against labelled NLVR2 examples."""
-    missing = [ex.identifier for ex in examples if ex.identifier not in predictions]
-    if missing:
-        raise _missing("statements", missing)
-    unlabelled = [ex.identifier for ex in examples if ex.label is None]
-    if unlabelled:
-        raise ValueError(f"{len(unlabelled)} statements have no label (e.g. {unlabelled[0]!r}); cannot score")
-    if not examples:
-        raise ValueError("no examples to score")
-    right = 0
-    consistent: dict[str, bool] = {}
-    for ex in examples:
-        ok = int(predictions[ex.identifier]) == int(ex.label)
-        right += ok
-        key = nlvr2_sentence_key(ex.identifier)
-        consistent[key] = consistent.get(key, True) and ok
-    return {
-        "accuracy": 100.0 * right / len(examples),
-        "consistency": 100.0 * sum(consistent.values()) / len(consistent),
-    }
+    """`accuracy` and `consistency` in percent of 0/1 predictions, as `pipelines.scoring.nlvr2`."""
+    _check_labelled([ex.identifier for ex in examples if ex.label is None], "statements")
+    gold = {ex.identifier: bool(ex.label) for ex in examples}
+    scores = score_nlvr2({k: bool(int(v)) for k, v in predictions.items()}, gold)
+    return {"accuracy": scores["accuracy"], "consistency": scores["consistency"]}

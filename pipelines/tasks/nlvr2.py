@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from pipelines.data.nlvr2 import NLVR2Dataset, collate_nlvr2, load_nlvr2_examples
+from pipelines.scoring.inputs import ScoringInputError
+from pipelines.scoring.nlvr2 import score_nlvr2_files
 from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.metrics import nlvr2_metrics
 from pipelines.tasks.predictions import write_nlvr2_predictions
@@ -24,6 +27,12 @@ class NLVR2Task(FinetuneTask):
     collate_items = staticmethod(collate_nlvr2)
     score = staticmethod(nlvr2_metrics)
     write_predictions = staticmethod(write_nlvr2_predictions)
+
+    @staticmethod
+    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+        if questions is not None:
+            raise ScoringInputError(f"{questions}: NLVR2 has no questions file; the statements are the gold")
+        return score_nlvr2_files(predictions, gold)
 
     @staticmethod
     def dataset(examples: Sequence, features, tokenizer, answers: None, max_length: int) -> NLVR2Dataset:

@@ -1,9 +1,10 @@
-"""Pre-training as a trainer Task over the feature store: the objectives of the chosen family's pre-training
-model (LXMERT's five with SPEC §2 defaults, VL-BERT's, VisualBERT's)."""
+"""Pre-training as a trainer Task over the feature store: the objectives the family's pre-training model
+takes (LXMERT's five, ViLBERT's three)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import torch
 
 from model import get_family
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.bad_records import drop_bad
 from pipelines.data.masking import MaskingConfig, PretrainCollator
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
 from pipelines.data.text import load_tokenizer, save_tokenizer, write_vocab
@@ -22,13 +24,45 @@ from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
-from pipelines.tasks.model_setup import data_overrides, forward_parameters, objectives_of
+from pipelines.tasks.model_setup import data_overrides
 from storage import FeatureReader
 
 if TYPE_CHECKING:
     from model import PreTrainingOutput
 
 log = logging.getLogger(__name__)
+
+MODEL_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "visual_feats",
+    "visual_pos",
+    "visual_attention_mask",
+    "lm_labels",
+    "matched_labels",
+    "obj_labels",
+    "obj_weights",
+    "attr_labels",
+    "attr_weights",
+    "feat_targets",
+    "feat_weights",
+    "answer_labels",
+    "region_mask",
+    "region_probs",
+    "region_labels",
+    "region_weights",
+)
+# masking switch -> the label the pre-training model must take for it to be on
+OBJECTIVE_LABELS = {
+    "mlm": "lm_labels",
+    "matched": "matched_labels",
+    "obj": "obj_labels",
+    "attr": "attr_labels",
+    "feat": "feat_targets",
+    "qa": "answer_labels",
+    "regions": "region_mask",
+}
 
 
 @dataclass
@@ -39,6 +73,9 @@ class PretrainConfig:
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
     skip_missing: bool = False
+    skip_bad_records: bool = (
+        False  # drop the sentences of records failing storage.validate instead of failing
+    )
     arch: str = "lxmert"  # the model family (model.architectures.FAMILIES)
     vocab: str = "bert-base-uncased"  # a vocab.txt, a directory holding one, or a hub id
     preset: str = "base"
@@ -52,10 +89,33 @@ class PretrainConfig:
     qa_weight: float = 1.0
 
 
+def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
+    """`masking` with the objectives the pre-training model takes no labels for switched off, and the
+    model's own region-masking rule (`REGION_MASKING` = shares zeroed / swapped) and word-masking rule
+    (`WHOLE_WORD_MASKING`) where none is given."""
+    accepted = set(inspect.signature(pretraining.forward).parameters)
+    changes: dict[str, Any] = {n: False for n, label in OBJECTIVE_LABELS.items() if label not in accepted}
+    if any(getattr(masking, name) for name in changes):
+        log.info("%s takes no labels for %s: switched off", pretraining.__name__, ", ".join(sorted(changes)))
+    zero, swap = getattr(pretraining, "REGION_MASKING", (None, None))
+    if masking.object_zero is None and masking.object_swap is None:
+        changes |= {"object_zero": zero, "object_swap": swap}
+    if masking.whole_words is None:
+        changes["whole_words"] = bool(getattr(pretraining, "WHOLE_WORD_MASKING", False))
+    return dataclasses.replace(masking, **changes)
+
+
 def default_train_config() -> TrainConfig:
-    """SPEC §2: lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay, clip 1.0, decay 0.01 on all."""
+    """The paper's recipe: BertAdam, lr 1e-4, batch 256, 20 epochs, 5% linear warm-up then decay,
+    clip 1.0, decay 0.01 on all parameters."""
     return TrainConfig(
-        lr=1e-4, batch_size=256, epochs=20, warmup_ratio=0.05, weight_decay=0.01, clip_norm=1.0
+        lr=1e-4,
+        optimizer="bertadam",
+        batch_size=256,
+        epochs=20,
+        warmup_ratio=0.05,
+        weight_decay=0.01,
+        clip_norm=1.0,
     )
 
 
@@ -87,6 +147,10 @@ class PretrainTask:
             valid = check_image_ids(
                 read_pretrain_json(cfg.valid_files), self.features, cfg.valid_files, cfg.skip_missing
             )
+        train = drop_bad(train, _image_of, self.features, cfg.skip_bad_records, "training sentences")
+        valid = drop_bad(valid, _image_of, self.features, cfg.skip_bad_records, "validation sentences")
+        if not train:
+            raise ValueError(f"no usable training sentence is left in {', '.join(cfg.train_files)}")
         if answers is None:
             if cfg.answers:
                 answers = AnswerTable.load(cfg.answers)
@@ -96,16 +160,18 @@ class PretrainTask:
         self.answers = answers
         self.train_examples, self.valid_examples = train, valid
         self.family = get_family(cfg.arch)
-        self.model_inputs = forward_parameters(self.family.models["pretraining"])
-        masking = objectives_of(self.family.models["pretraining"], cfg.masking)
-        if masking.masked_regions and self.features[train[0].img_id].class_probs is None:
-            log.warning(
-                "the store holds no class_probs: masked RoI classification learns the detector's top "
-                "class, weighted by its confidence"
+        masking = _masking_for(self.family.models["pretraining"], cfg.masking)
+        if masking.regions and self.features[train[0].img_id].class_probs is None:
+            log.info(
+                "%s holds no per-region class distribution (RegionFeatures.class_probs): masked regions "
+                "are trained on the top class weighted by its confidence",
+                ", ".join(cfg.features),
             )
         if masking.qa and len(answers) == 0:
             log.warning("no answer in the training labels: image QA is switched off")
             masking = dataclasses.replace(masking, qa=False)
+        if masking.obj or masking.attr:
+            _warn_unlabelled(self.features)
         self.collator = PretrainCollator(self.tokenizer, train, self.features.max_boxes, masking)
         self.set_epoch(0)
         log.info(
@@ -125,8 +191,8 @@ class PretrainTask:
             visual_feat_dim=self.features.feature_dim,
             num_qa_labels=max(1, len(self.answers)),
         )
-        config = family.config_class.preset(self.config.preset, **{**overrides, **self.config.model})
-        return family.models["pretraining"](config)
+        overrides |= self.config.model
+        return family.models["pretraining"](family.config_class.preset(self.config.preset, **overrides))
 
     def train_dataset(self) -> PretrainDataset:
         return PretrainDataset(self.train_examples, self.features, self._answer_labels(self.train_examples))
@@ -175,7 +241,7 @@ class PretrainTask:
             sums["loss"] = sums.get("loss", 0.0) + float(total)
             for k, v in out.losses.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-            if getattr(out, "matched_logits", None) is not None and "matched_labels" in batch:
+            if out.matched_logits is not None and "matched_labels" in batch:
                 labels = batch["matched_labels"]
                 matched[0] += int((out.matched_logits.argmax(-1) == labels).sum())
                 matched[1] += labels.numel()
@@ -196,7 +262,7 @@ class PretrainTask:
 
     def _forward(self, model: torch.nn.Module, batch: dict) -> tuple[PreTrainingOutput, torch.Tensor]:
         """The model on the batch (without QA labels before QA starts) and the loss with `qa_weight`."""
-        inputs = {k: batch[k] for k in self.model_inputs if k in batch}
+        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
         if not self.qa_active:
             inputs.pop("answer_labels", None)
         out = model(**inputs)
@@ -213,6 +279,10 @@ class PretrainTask:
     # ----
     def _answer_labels(self, examples: list[PretrainExample]) -> list[tuple[tuple[int, float], ...]]:
         return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
+
+
+def _image_of(example: PretrainExample) -> tuple[str]:
+    return (example.img_id,)
 
 
 def _predicted_answer_scores(model: torch.nn.Module, batch: dict) -> torch.Tensor:
@@ -245,3 +315,18 @@ def pretrain(run: PretrainRun, out_dir: str | Path, resume: bool = False) -> dic
         task.answers.save(out_dir / ANSWERS_FILE)
     with ray_for_workers(run.train.workers, run.train.ray_address):
         return fit(task, run.train, out_dir, resume=resume)
+
+
+def _warn_unlabelled(features: FeatureReader) -> None:
+    """Say once per store that records imported without detector labels train no obj/attr loss."""
+    for shard in features.shards:
+        meta = shard.read_meta()
+        unlabelled = meta.get("provenance", {}).get("unlabelled_records", 0)
+        if unlabelled:
+            log.warning(
+                "%s: %d of %d records have no detector labels (imported from a 6-field TSV or HDF5): "
+                "the object and attribute losses are off for their regions (weight 0)",
+                shard.path,
+                unlabelled,
+                meta.get("count", unlabelled),
+            )

@@ -11,6 +11,9 @@ import torch
 from model import read_checkpoint
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.qa import QADataset, collate_qa, load_qa_examples
+from pipelines.scoring.gqa import score_gqa_files
+from pipelines.scoring.inputs import ScoringInputError
+from pipelines.scoring.vqa import score_vqa_files
 from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.metrics import gqa_accuracy, vqa_accuracy
 from pipelines.tasks.predictions import write_gqa_predictions, write_vqa_predictions
@@ -101,6 +104,7 @@ class VQATask(QATask):
     name = "vqa"
     lr = 5e-5
     score = staticmethod(vqa_accuracy)
+    score_files = staticmethod(score_vqa_files)
     write_predictions = staticmethod(write_vqa_predictions)
 
 
@@ -112,6 +116,14 @@ class GQATask(QATask):
     score = staticmethod(gqa_accuracy)
     write_predictions = staticmethod(write_gqa_predictions)
 
+    @staticmethod
+    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+        if questions is not None:
+            raise ScoringInputError(
+                f"{questions}: GQA's questions file is its gold (the answers are in it): give it as --gold"
+            )
+        return score_gqa_files(predictions, gold)
+
 
 def seed_answer_head(
     head: torch.nn.Module, source: dict[str, torch.Tensor], source_answers: AnswerTable, answers: AnswerTable
@@ -119,8 +131,9 @@ def seed_answer_head(
     """Copy a pre-training QA head (`source`: its state dict) into a fine-tuning answer head.
 
     As the release's `load_lxmert_qa`: the hidden layers are copied whole and the output layer
-    (`classifier.*`) row by row for the answers both tables hold; other rows keep their initialisation.
-    Returns the number of rows copied.
+    (`classifier.*`) row by row for the answers both tables hold (matched after the release's answer
+    normalisation); the rows of answers the pre-training table lacks are zeroed (weight and bias), so
+    those answers start at logit 0. Returns the number of rows copied.
     """
     own = head.state_dict()
     missing = sorted(set(own) - set(source))
@@ -137,6 +150,7 @@ def seed_answer_head(
                         f"QA head {name} is {tuple(src.shape)} but the pre-training table has "
                         f"{len(source_answers)} answers; pass the matching table"
                     )
+                value.zero_()
                 if rows:
                     dst_idx = torch.tensor([i for i, _ in rows])
                     src_idx = torch.tensor([j for _, j in rows])

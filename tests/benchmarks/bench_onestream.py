@@ -46,8 +46,8 @@ def vlbert_batch(lxmert_batch: dict, classes: int, seed: int = 1) -> dict:
         "visual_feats": b["visual_feats"],
         "visual_pos": b["visual_pos"],
         "lm_labels": b["lm_labels"],
-        "masked_regions": masked,
-        "region_targets": torch.softmax(torch.randn(*masked.shape, classes, generator=g), -1),
+        "region_mask": masked.float(),
+        "region_probs": torch.softmax(torch.randn(*masked.shape, classes, generator=g), -1),
     }
 
 

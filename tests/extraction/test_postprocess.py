@@ -5,12 +5,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from extraction.box_coder import BoxCoder
-from extraction.postprocess import decode, rescale, to_record
+from extraction.postprocess import (
+    ATTRIBUTE_SOFTMAX_WITH_NONE,
+    attribute_confidence,
+    decode,
+    rescale,
+    to_record,
+)
 from extraction.rcnn import ImageOutputs
-from extraction.selection import SelectionConfig
+from extraction.selection import RULES, SelectionConfig
 
 CODER = BoxCoder((10.0, 10.0, 5.0, 5.0))
 
@@ -57,7 +64,8 @@ def test_record_of_the_caffe_rule():
     np.testing.assert_allclose(rec.boxes, 2 * out.proposals[:2].numpy())  # unregressed, x2 per axis
     probs = torch.softmax(out.cls_logits, dim=1)
     np.testing.assert_allclose(rec.objects_conf, [probs[0, 0], probs[1, 1]], rtol=1e-6)
-    # "no attribute" scores highest everywhere and is never chosen; the probability is over all 3
+    # caffe's generate_tsv: "no attribute" scores highest everywhere and is never chosen; the probability
+    # is over all 3
     assert rec.attrs_id.tolist() == [0, 1]
     attrs = torch.softmax(out.attr_logits, dim=1)
     np.testing.assert_allclose(rec.attrs_conf, [attrs[0, 0], attrs[1, 1]], rtol=1e-6)
@@ -69,3 +77,30 @@ def test_record_of_the_maxnms_rule_uses_regressed_boxes():
     assert rec.num_boxes == 3 and rec.objects_id.tolist() == [0, 1, 0]  # by score: 0, 1, 2
     np.testing.assert_allclose(rec.boxes[1], [75.0, 0.0, 96.0, 20.0])
     np.testing.assert_array_equal(rec.features, out.features.numpy())
+    # py-bottom-up-attention: "no attribute" dropped first, the softmax over the 2 real attributes only
+    assert rec.attrs_id.tolist() == [0, 1, 0]
+    e = np.exp
+    want = [e(1.0) / (e(1.0) + e(0.0)), e(2.0) / (e(0.0) + e(2.0)), e(0.3) / (e(0.3) + e(0.1))]
+    np.testing.assert_allclose(rec.attrs_conf, want, rtol=1e-6)
+
+
+def test_every_selection_rule_states_its_attribute_convention():
+    assert set(ATTRIBUTE_SOFTMAX_WITH_NONE) == set(RULES)
+    logits = torch.tensor([[1.0, 0.0, 9.0]])
+    e = np.exp
+    caffe_conf, caffe_id = attribute_confidence(logits, "caffe")  # generate_tsv: softmax over A+1, drop none
+    assert caffe_id.item() == 0 and caffe_conf.item() == pytest.approx(e(1) / (e(1) + 1 + e(9)), rel=1e-6)
+    for rule in ("maxnms", "threshold"):  # py-bottom-up-attention: drop none, softmax over the A real ones
+        conf, ids = attribute_confidence(logits, rule)
+        assert ids.item() == 0 and conf.item() == pytest.approx(e(1) / (e(1) + 1), rel=1e-6)
+
+
+def test_class_probs_are_the_kept_regions_full_distributions_only_when_asked():
+    out = outputs()
+    plain = to_record(out, "img", (64, 96), (64, 96), SelectionConfig("caffe", 1, 2, conf_thresh=0.5), CODER)
+    assert plain.class_probs is None
+    cfg = SelectionConfig("caffe", 1, 2, conf_thresh=0.5, class_probs=True)
+    rec = to_record(out, "img", (64, 96), (64, 96), cfg, CODER)
+    probs = torch.softmax(out.cls_logits, dim=1)  # background included, last
+    np.testing.assert_allclose(rec.class_probs, probs[:2].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(rec.class_probs[np.arange(2), rec.objects_id], rec.objects_conf, rtol=1e-6)

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import io
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -11,7 +20,7 @@ import torch
 from PIL import Image
 
 from extraction import ImageError, load_image
-from extraction.preprocess import MAX_PIXELS, batch_images, resize_image, resized_shape
+from extraction.preprocess import MAX_FILE_BYTES, MAX_PIXELS, batch_images, resize_image, resized_shape
 
 
 @pytest.fixture()
@@ -180,3 +189,129 @@ def test_batch_pads_with_zeros_after_normalisation():
     assert torch.allclose(
         batch[0, :, :4, :6], torch.tensor([0.0, -10.0, -20.0]).view(3, 1, 1).expand(3, 4, 6)
     )
+
+
+# Hostile files: each is refused with a clear ImageError well under a second, before any large
+# allocation and without reading from anything but a regular file.
+
+
+def refused(path, match: str, **kw) -> float:
+    """Seconds load_image took to refuse `path`; a thread guards against a hang failing silently."""
+    outcome: dict = {}
+
+    def attempt():
+        start = time.perf_counter()
+        try:
+            load_image(path, **kw)
+        except ImageError as exc:
+            outcome["error"] = str(exc)
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), f"load_image({path}) hung"
+    assert re.search(match, outcome.get("error", "")), outcome
+    return outcome["seconds"]
+
+
+def png_header(width: int, height: int, depth: int = 16, colour: int = 6) -> bytes:
+    """A valid PNG signature and IHDR claiming `width` x `height`, with a token IDAT."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0)
+    idat = zlib.compress(bytes(4096))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def hdr_header(width: int, height: int, payload: int = 4096) -> bytes:
+    return b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n-Y %d +X %d\n" % (height, width) + bytes(payload)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    os.mkfifo(tmp_path / "pipe.jpg")
+    assert refused(tmp_path / "pipe.jpg", r"pipe.jpg.*named pipe \(FIFO\), not a regular file") < 1
+
+
+def test_a_symlink_to_dev_zero_is_refused_unread(tmp_path):
+    (tmp_path / "zero.jpg").symlink_to("/dev/zero")
+    assert refused(tmp_path / "zero.jpg", r"zero.jpg.*character device, not a regular file") < 1
+
+
+def test_a_directory_is_refused(tmp_path):
+    (tmp_path / "album.jpg").mkdir()
+    assert refused(tmp_path / "album.jpg", r"album.jpg.*a directory, not a regular file") < 1
+
+
+def test_a_path_with_a_nul_byte(tmp_path):
+    with pytest.raises(ImageError, match="cannot be read .embedded null byte"):
+        load_image(str(tmp_path / "a\x00b.jpg"))
+
+
+def test_a_symlink_to_a_regular_image_is_read(tmp_path, rgb):
+    save(Image.fromarray(rgb), tmp_path / "a.png")
+    (tmp_path / "link.png").symlink_to(tmp_path / "a.png")
+    np.testing.assert_array_equal(load_image(tmp_path / "link.png"), rgb[:, :, ::-1])
+
+
+def test_files_over_the_size_cap_are_refused_before_reading(tmp_path):
+    assert MAX_FILE_BYTES == 64 << 20
+    with open(tmp_path / "huge.jpg", "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB on paper, nothing on disk
+    assert refused(tmp_path / "huge.jpg", r"huge.jpg.*1024.0 MiB, above the 64 MiB file limit") < 1
+    path = save(Image.new("RGB", (64, 64)), tmp_path / "small.png")
+    refused(path, r"small.png.*above the 0 MiB file limit", max_bytes=64)
+    with pytest.raises(ImageError, match="<bytes>.*file limit"):
+        load_image(path.read_bytes(), max_bytes=64)
+
+
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("big16.png", png_header(8000, 8000)),  # 16-bit RGBA: 512 MB once decoded
+        ("hdr.jpg", hdr_header(8000, 8000)),  # Radiance HDR named .jpg: PIL passes it to OpenCV
+    ],
+)
+def test_huge_sizes_are_refused_from_the_header(tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    assert refused(tmp_path / name, rf"{name}.*8000x8000 = 64.0 MP, above the 50 MP limit") < 1
+
+
+@pytest.mark.slow
+def test_header_checks_allocate_nothing_large(tmp_path):
+    """In a fresh process, refusing both 8000 x 8000 files raises the peak RSS by under 64 MB."""
+    (tmp_path / "a.png").write_bytes(png_header(8000, 8000))
+    (tmp_path / "b.jpg").write_bytes(hdr_header(8000, 8000, payload=4 << 20))
+    script = f"""
+import resource
+from extraction.preprocess import ImageError, load_image
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for name in ("a.png", "b.jpg"):
+    try:
+        load_image({str(tmp_path)!r} + "/" + name)
+    except ImageError:
+        pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) < 64 * 1024  # KiB
+
+
+def test_a_small_hdr_still_decodes_through_opencv(tmp_path):
+    values = np.linspace(0, 1, 6 * 10 * 3, dtype=np.float32).reshape(6, 10, 3)
+    cv2.imwrite(str(tmp_path / "x.hdr"), values)
+    out = load_image(tmp_path / "x.hdr")
+    assert out.shape == (6, 10, 3) and out.dtype == np.uint8
+    # RGBE keeps ~8 bits of mantissa: within a couple of levels of the exact conversion
+    assert np.abs(out.astype(int) - np.round(values * 255).astype(int)).max() <= 2
+
+
+def test_postscript_is_not_handed_to_ghostscript(tmp_path):
+    (tmp_path / "x.eps").write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n")
+    refused(tmp_path / "x.eps", "x.eps.*not an image")

@@ -108,14 +108,10 @@ def test_every_preset_builds_and_runs_one_tiny_image(preset, make_image):
     model.eval()
     assert model.feature_dim == 8 * config.res2_channels
     assert [k for k, _ in model_keys(config)] == list(model.state_dict())
-    batch, sizes = batch_images(
-        [resize_image(make_image(0, 48, 64), 64, 96)],
-        config.pixel_mean,
-        config.pixel_std,
-        torch.device("cpu"),
-    )
+    image = resize_image(make_image(0, 48, 64), 64, 96)
+    batch, _ = batch_images([image], config.pixel_mean, config.pixel_std, torch.device("cpu"))
     with torch.inference_mode():
-        (out,) = model(batch, sizes)
+        (out,) = model([batch[0]])
     r = out.proposals.shape[0]
     assert 1 <= r <= TINY["post_nms_topk"]
     assert out.features.shape == (r, model.feature_dim) and torch.isfinite(out.features).all()
@@ -142,17 +138,17 @@ def test_feature_dim_is_read_from_the_network(make_image):
 
 
 def test_forward_equals_its_parts_run_in_turn(small_detector, make_image):
-    """The network's own forward is the backbone -> RPN -> RoI head chain, bit for bit."""
+    """The network's own forward is the backbone -> RPN -> RoI head chain, bit for bit, per image."""
     model, cfg = small_detector.model, small_detector.config
     images = [resize_image(make_image(i, h, w), 64, 96) for i, (h, w) in enumerate([(70, 50), (50, 90)])]
-    batch, sizes = batch_images(images, cfg.pixel_mean, cfg.pixel_std, torch.device("cpu"))
+    inputs = [batch_images([im], cfg.pixel_mean, cfg.pixel_std, torch.device("cpu"))[0][0] for im in images]
     with torch.inference_mode():
-        outputs = model(batch, sizes)
-        feats = model.backbone(batch, sizes)
-        proposals = model.proposal_generator(feats, model.backbone.output_sizes(sizes), sizes)
-        heads = model.roi_heads(feats, [boxes for boxes, _ in proposals])
-    for out, (boxes, logits), head in zip(outputs, proposals, heads, strict=True):
-        assert torch.equal(out.proposals, boxes) and torch.equal(out.objectness, logits)
-        assert bool((out.objectness[:-1] >= out.objectness[1:]).all())  # NMS order: best first
-        for name in ("features", "cls_logits", "deltas", "attr_logits"):
-            assert torch.equal(getattr(out, name), getattr(head, name)), name
+        outputs = model(inputs)
+        for out, image in zip(outputs, inputs, strict=True):
+            feats = model.backbone(image[None])
+            boxes, logits = model.proposal_generator(feats, tuple(image.shape[-2:]))
+            head = model.roi_heads(feats, boxes)
+            assert torch.equal(out.proposals, boxes) and torch.equal(out.objectness, logits)
+            assert bool((out.objectness[:-1] >= out.objectness[1:]).all())  # NMS order: best first
+            for name in ("features", "cls_logits", "deltas", "attr_logits"):
+                assert torch.equal(getattr(out, name), getattr(head, name)), name

@@ -55,6 +55,9 @@ class DemoConfig:
         return cls(**{**base, **kw})
 
 
+DEMO_MARKER = ".xmodal-demo"
+
+
 @dataclass
 class _Paths:
     root: Path
@@ -78,6 +81,23 @@ class _Paths:
     @property
     def predictions(self) -> Path:
         return self.root / "runs" / "vqa" / "test_predictions.json"
+
+    @property
+    def marker(self) -> Path:
+        return self.root / DEMO_MARKER
+
+    def claim(self) -> None:
+        """Make the work folder the demo's own, or check that an earlier demo made it: a demo only ever
+        deletes inside a folder holding its marker, never a user's folder that happens to be named."""
+        if self.root.exists() and not self.root.is_dir():
+            raise DemoError(f"--workdir {self.root} is a file; give a folder")
+        if self.root.is_dir() and not self.marker.is_file() and any(self.root.iterdir()):
+            raise DemoError(
+                f"--workdir {self.root} is not empty and was not made by `xmodal demo` (no {DEMO_MARKER}); "
+                "the demo would replace its data/, runs/ and report: give a new or empty folder"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.marker.write_text("made by `xmodal demo`: it replaces its own outputs here on the next run\n")
 
     def outputs(self) -> list[Path]:
         """Everything a demo writes; a new demo removes these first (stored ids from another seed would
@@ -244,7 +264,7 @@ def run_demo(cfg: DemoConfig, xmodal: Callable[[list[str]], int]) -> dict:
     start = time.perf_counter()
     # absolute paths, so the recorded commands rerun a stage from any folder
     paths = _Paths(Path(cfg.workdir).resolve())
-    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.claim()
     for path in paths.outputs():
         if path.is_dir():
             shutil.rmtree(path)

@@ -45,7 +45,7 @@ def draw_detections(
     image_path: Path, rec: RegionFeatures, out_png: Path, top: int = 10, names: Sequence[str] | None = None
 ) -> Path:
     """The `top` most confident regions of `rec` over its image, scaled up so small images stay legible."""
-    img = Image.open(image_path).convert("RGB")
+    img = _picture(image_path)
     scale = max(1, round(384 / max(img.size)))
     img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
     draw = ImageDraw.Draw(img)
@@ -105,9 +105,16 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
     return out_png
 
 
+def _picture(path: Path) -> Image.Image:
+    """The image as RGB, read through extraction's checks (regular file, size caps, header before pixels)."""
+    from extraction import load_image
+
+    return Image.fromarray(load_image(path)[:, :, ::-1])
+
+
 def _enlarged(path: Path, out_png: Path, min_side: int = 384) -> Path:
     """A nearest-neighbour enlargement, so pictures of tiny demo images stay readable."""
-    img = Image.open(path).convert("RGB")
+    img = _picture(path)
     scale = max(1, round(min_side / min(img.size)))
     img.resize((img.width * scale, img.height * scale), Image.NEAREST).save(out_png)
     return out_png

@@ -3,6 +3,8 @@ instead of raising."""
 
 from __future__ import annotations
 
+import threading
+
 from pipelines.jobs.image_inputs import ImageInput
 
 
@@ -18,27 +20,54 @@ class DecodedBatch:
 class Decoder:
     """Reads and decodes the images of a batch on CPU; a bad file is reported, never raised."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float) -> None:
         import extraction  # noqa: F401  (paid here, at start-up, not on the first batch)
+
+        self.timeout = timeout
 
     def ready(self) -> bool:
         return True
 
     def decode(self, items: list[ImageInput]) -> DecodedBatch:
-        return decode_images(items)
+        return decode_images(items, self.timeout)
 
 
-def decode_images(items: list[ImageInput]) -> DecodedBatch:
-    from extraction import load_image
-
+def decode_images(items: list[ImageInput], timeout: float) -> DecodedBatch:
+    """Each image read and decoded within `timeout` seconds, or reported as failed."""
     ids, images, failures = [], [], []
     for item in items:
         try:
-            images.append(load_image(item.path))
+            images.append(_load_within(item.path, timeout))
             ids.append(item.img_id)
         except Exception as exc:  # any decoder failure is this file's problem, recorded, never the job's
             failures.append((item.img_id, reason(exc)))
     return DecodedBatch(ids, images, failures)
+
+
+def _load_within(path: str, timeout: float):
+    """`load_image(path)` on a daemon thread. A read stuck past `timeout` (a stalled network mount, a
+    decoder looping on a crafted file) is given up: the thread is left to finish or hang on its own,
+    costing one idle thread, while the job goes on with the next image."""
+    from extraction import ImageError, load_image
+
+    done: dict = {}
+
+    def work() -> None:
+        try:
+            done["image"] = load_image(path)
+        except BaseException as exc:  # handed to the caller's thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=work, name="decode", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ImageError(
+            f"image {path!r} was not read and decoded within {timeout:g}s (--decode-timeout); check the file"
+        )
+    if "error" in done:
+        raise done["error"]
+    return done["image"]
 
 
 class Replica:

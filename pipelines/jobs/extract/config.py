@@ -34,6 +34,7 @@ class ExtractConfig:
     max_failures: int = 0
     max_attempts: int = 3  # tries per image (a batch, then alone) before it is recorded as failed
     startup_timeout: float = 600.0  # seconds to wait for the replicas to be placed and built
+    decode_timeout: float = 60.0  # seconds to read and decode one image before it is skipped
     dtype: str = "float16"
     commit_seconds: float = 2.0  # commit at least this often, so a kill loses seconds of work
     progress: bool = True
@@ -98,6 +99,35 @@ def recorded_settings(cfg: ExtractConfig, provenance: dict | None) -> dict:
     if provenance is not None:
         settings["weights_sha256"] = provenance.get("weights_sha256") or "random"
     return settings
+
+
+def check_store_fits(out: Path, meta: dict, cfg: ExtractConfig) -> None:
+    """An existing store takes this job's records: same feature width, box count and dtype; else InputError
+    before Ray starts, naming the store and the difference."""
+    from extraction.config import resolve_config
+
+    detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
+    config, _ = resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
+    wanted = {"feature_dim": config.feature_dim, "max_boxes": cfg.max_boxes, "dtype": cfg.dtype}
+    differ = [k for k, v in wanted.items() if meta.get(k) != v]
+    if differ:
+        detail = ", ".join(f"{k} {meta.get(k)!r} (this job: {wanted[k]!r})" for k in differ)
+        raise InputError(
+            f"{out} holds records of another shape: {detail}; write to a new --out, or match the store's "
+            "settings (detector preset, --max-boxes, dtype)"
+        )
+
+
+def check_weights(path: str) -> None:
+    """The detector checkpoint reads as tensors (no pickled code), checked before Ray starts."""
+    from extraction.weights import CheckpointError, read_checkpoint
+
+    if not Path(path).is_file():
+        raise InputError(f"--weights {path} is not a file (see `xmodal convert detector`)")
+    try:
+        read_checkpoint(path)
+    except CheckpointError as exc:
+        raise InputError(str(exc).splitlines()[0]) from exc
 
 
 def check_same_settings(out: Path, old: dict | None, new: dict) -> None:

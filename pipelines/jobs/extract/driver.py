@@ -31,6 +31,8 @@ from pipelines.jobs.extract.config import (
     JobError,
     build_kwargs,
     check_same_settings,
+    check_store_fits,
+    check_weights,
     errors_path,
     recorded_settings,
     summary_path,
@@ -57,14 +59,17 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     already = 0
     if (out / "data.mdb").is_file():
         reader = FeatureReader(out, lock=True)
-        old_settings = reader.meta.get("provenance", {}).get("extract_settings")
+        meta = reader.meta
+        old_settings = meta.get("provenance", {}).get("extract_settings")
         already = sum(1 for i in ids if i in reader)
         reader.close()
         check_same_settings(out, old_settings, recorded_settings(cfg, None))
+        check_store_fits(out, meta, cfg)
     del ids
     local = cfg.address is None and not os.environ.get("RAY_ADDRESS")
-    if local and cfg.weights is not None and not Path(cfg.weights).is_file():
-        raise InputError(f"--weights {cfg.weights} is not a file (see `xmodal convert detector`)")
+    if local and cfg.weights is not None:
+        # read once here (a second or two) so that a bad file is one line, not a replica failure under Ray
+        check_weights(cfg.weights)
 
     session = init_ray(cfg.address, include_dashboard=cfg.include_dashboard)
     slots: list[Slot] = []
@@ -73,7 +78,10 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
         build = build_kwargs(cfg, plan.device)
         replica_cls = ray.remote(Replica).options(num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=0)
         decoder_cls = ray.remote(Decoder).options(num_cpus=DECODE_CPUS, max_restarts=0)
-        slots = [Slot(replica_cls, decoder_cls, build, plan.threads) for _ in range(plan.workers)]
+        slots = [
+            Slot(replica_cls, decoder_cls, build, plan.threads, cfg.decode_timeout)
+            for _ in range(plan.workers)
+        ]
         try:
             infos = await_replicas(slots, plan, cfg.startup_timeout)
         except ray.exceptions.RayActorError as exc:

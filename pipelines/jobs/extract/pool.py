@@ -42,8 +42,8 @@ class Unit:
 class Slot:
     """A replica, its decoder and the batches they have in flight; replaced by fresh ones on a death."""
 
-    def __init__(self, replica_cls, decoder_cls, build: dict, threads: int) -> None:
-        self._make = lambda: (replica_cls.remote(build, threads), decoder_cls.remote())
+    def __init__(self, replica_cls, decoder_cls, build: dict, threads: int, decode_timeout: float) -> None:
+        self._make = lambda: (replica_cls.remote(build, threads), decoder_cls.remote(decode_timeout))
         self.handle, self.decoder = self._make()
         self.inflight: dict[ray.ObjectRef, Unit] = {}
         self.deaths = 0  # deaths since this slot last finished a batch

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from model import LxmertForNLVR2, LxmertForPreTraining, LxmertForQuestionAnswering
+from model import Lxmert, LxmertForNLVR2, LxmertForPreTraining, LxmertForQuestionAnswering
 from model.lxmert.convert import convert_lxmert, from_hf_state, to_hf_state
 
 
@@ -124,3 +124,25 @@ def test_corrupt_safetensors_is_named(tmp_path):
     (hf_dir / "model.safetensors").write_bytes(b"garbage" * 4)
     with pytest.raises(ValueError, match=r"model.safetensors: cannot be read as a safetensors file"):
         convert_lxmert(hf_dir, tmp_path / "out")
+
+
+@pytest.mark.parametrize("prefix", ["", "module."])
+def test_lxrt_encoder_save_file_converts_to_the_backbone(pretrained_dir, tmp_path, lx, cfg, prefix):
+    """The release's `LXRTEncoder.save` writes `self.model.state_dict()` to `<name>_LXRT.pth`: the
+    LXRTFeatureExtraction's `bert.*` keys only (with `module.` after `multi_gpu()`), no heads."""
+    model, _ = pretrained_dir
+    hf_names = to_hf_state(model.state_dict(), cfg, "LxmertForPreTraining")
+    release = {
+        prefix + k.replace("lxmert.", "bert.", 1): v for k, v in hf_names.items() if k.startswith("lxmert.")
+    }
+    assert release and all(k.startswith(prefix + "bert.") for k in release)
+    torch.save(release, tmp_path / "BEST_LXRT.pth")
+    out_dir = convert_lxmert(tmp_path / "BEST_LXRT.pth", tmp_path / "encoder", num_attention_heads=4)
+    backbone = Lxmert.from_pretrained(out_dir).eval()
+    for k, v in model.lxmert.state_dict().items():
+        assert torch.equal(backbone.state_dict()[k], v), k
+    inputs = lx.make_inputs(cfg)
+    inputs.pop("labels", None)
+    with torch.no_grad():
+        a, b = backbone(**inputs), model.lxmert(**inputs)
+    torch.testing.assert_close(a.pooled_output, b.pooled_output, atol=1e-6, rtol=1e-6)

@@ -30,7 +30,7 @@ def test_soft_cross_entropy_to_the_class_distribution(model, vl):
     inputs = vl.make_inputs(model.config)
     targets = torch.softmax(torch.randn(3, 5, 11), -1)
     with torch.no_grad():
-        out = model(**inputs, masked_regions=_masked(), region_targets=targets)
+        out = model(**inputs, region_mask=_masked(), region_probs=targets)
     real = _masked() & inputs["visual_attention_mask"].bool()
     assert out.region_logits.shape == (3, 11)
     expected = -(targets[real] * out.region_logits.log_softmax(-1)).sum(-1).mean()
@@ -43,9 +43,9 @@ def test_hard_labels_weighted_by_confidence(model, vl):
     labels = torch.randint(0, 11, (3, 5))
     weights = torch.rand(3, 5)
     with torch.no_grad():
-        out = model(**inputs, masked_regions=_masked(), obj_labels=labels, obj_weights=weights)
+        out = model(**inputs, region_mask=_masked(), region_labels=labels, region_weights=weights)
     real = _masked() & inputs["visual_attention_mask"].bool()
-    per = F.cross_entropy(out.region_logits, labels[real], reduction="none") * weights[real]
+    per = F.cross_entropy(out.region_logits, labels[real] + 1, reduction="none") * weights[real]
     torch.testing.assert_close(out.losses["mvrc"], per.mean())
 
 
@@ -55,9 +55,9 @@ def test_a_masked_region_leaks_nothing_of_its_appearance(model, vl):
     changed = inputs["visual_feats"].clone()
     changed[masked] = torch.randn(int(masked.sum()), model.config.visual_feat_dim) * 10
     with torch.no_grad():
-        a = model(**inputs, masked_regions=masked, region_targets=torch.rand(3, 5, 11))
+        a = model(**inputs, region_mask=masked, region_probs=torch.rand(3, 5, 11))
         b = model(
-            **{**inputs, "visual_feats": changed}, masked_regions=masked, region_targets=torch.rand(3, 5, 11)
+            **{**inputs, "visual_feats": changed}, region_mask=masked, region_probs=torch.rand(3, 5, 11)
         )
         plain = model(**inputs)
     torch.testing.assert_close(a.region_logits, b.region_logits)
@@ -83,10 +83,10 @@ def test_zero_initialised_mask_appearance_and_argument_errors(vl):
     fresh = VlBertForPreTraining(cfg)
     assert not fresh.object_mask_visual_embedding.weight.any()
     inputs = vl.make_inputs(cfg)
-    with pytest.raises(ValueError, match="region_targets"):
-        fresh(**inputs, masked_regions=_masked())
+    with pytest.raises(ValueError, match="region_probs"):
+        fresh(**inputs, region_mask=_masked())
     with pytest.raises(ValueError, match="give both"):
-        fresh(**inputs, masked_regions=_masked(), obj_labels=torch.zeros(3, 5, dtype=torch.long))
+        fresh(**inputs, region_mask=_masked(), region_labels=torch.zeros(3, 5, dtype=torch.long))
 
 
 def test_gradients_reach_the_mask_embeddings(vl):
@@ -94,7 +94,7 @@ def test_gradients_reach_the_mask_embeddings(vl):
     model = VlBertForPreTraining(cfg)
     vl.wake(model)
     inputs = vl.make_inputs(cfg)
-    out = model(**inputs, masked_regions=_masked(), region_targets=torch.softmax(torch.randn(3, 5, 11), -1))
+    out = model(**inputs, region_mask=_masked(), region_probs=torch.softmax(torch.randn(3, 5, 11), -1))
     out.loss.backward()
     assert model.object_mask_visual_embedding.weight.grad.abs().sum() > 0
     assert model.object_mask_word_embedding.weight.grad.abs().sum() > 0

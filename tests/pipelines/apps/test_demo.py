@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipelines.apps.demo.demo import DemoError, baselines, score_predictions
+from pipelines.apps.demo.demo import DEMO_MARKER, DemoError, _Paths, baselines, score_predictions
 from pipelines.apps.demo.report import TASK_LOSSES
 from pipelines.cli import build_parser, main
 from storage import FeatureReader
@@ -175,3 +175,21 @@ def test_a_fixed_seed_gives_the_same_numbers(quick_demo: Path, tmp_path: Path) -
         ), run
     predictions = "runs/vqa/test_predictions.json"
     assert json.loads((quick_demo / predictions).read_text()) == json.loads((again / predictions).read_text())
+
+
+def test_a_folder_the_demo_did_not_make_is_left_alone(tmp_path, caplog):
+    workdir = tmp_path / "mine"
+    (workdir / "data").mkdir(parents=True)
+    precious = workdir / "data" / "thesis.tex"
+    precious.write_text("two years of work")
+    assert main([*QUICK, "--workdir", str(workdir)]) == 1
+    assert "not made by `xmodal demo`" in caplog.text
+    assert precious.read_text() == "two years of work"
+    assert sorted(p.name for p in workdir.iterdir()) == ["data"]
+
+
+def test_the_demo_marks_its_folder_and_reruns_in_it(quick_demo):
+    assert (quick_demo / DEMO_MARKER).is_file()
+    paths = _Paths(quick_demo)
+    paths.claim()  # its own folder: accepted again
+    assert (quick_demo / "summary.json").is_file()

@@ -124,3 +124,19 @@ def test_real_weights_drop_the_warning_and_a_miss_is_reported(tmp_path: Path) ->
     text = write_report(ReportInputs(out_dir=tmp_path, summary=summary)).read_text()
     assert "RANDOM DETECTOR WEIGHTS" not in text and "faster_rcnn_from_caffe_attr.pkl" in text
     assert "misses the +15 point bar" in text
+
+
+def test_pictures_are_read_through_the_image_checks(tmp_path: Path) -> None:
+    import os
+
+    from extraction import ImageError
+
+    rec = _record("x", [[4, 4, 20, 20]], [0.9])
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(ImageError, match="named pipe"):  # refused at once: reading it would hang
+        draw_detections(fifo, rec, tmp_path / "out.png")
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (8000, 8000)).save(bomb)
+    with pytest.raises(ImageError, match="MP limit"):
+        draw_detections(bomb, rec, tmp_path / "out.png")

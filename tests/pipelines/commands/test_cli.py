@@ -170,3 +170,30 @@ def test_convert_detector_errors_are_one_line_naming_the_file(tmp_path, capsys):
         r": \d+ missing, 1 unexpected, 1 mismatched \(-v lists them\); fix the checkpoint", err
     ), err
     assert not (tmp_path / "c.safetensors").exists()
+
+
+def test_convert_to_hf_writes_a_directory_transformers_uses_as_it_is(release_file, tmp_path, capsys):
+    """Tokenizer files and id2label/label2id: AutoTokenizer knows the words, the config names the answers."""
+    import json
+
+    from transformers import AutoTokenizer, LxmertConfig
+
+    answers = tmp_path / "all_ans.json"
+    answers.write_text(json.dumps(["yes", "no", "2", "red"]))
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS)))
+    out = tmp_path / "hf"
+    _one_line_error(
+        capsys, ["convert", "lxmert", str(release_file), str(out), "--to-hf"], "has no vocab.txt", "--vocab"
+    )
+    argv = ["convert", "lxmert", str(release_file), str(out), "--to-hf", "--vocab", str(vocab)]
+    assert main([*argv, "--answers", str(answers)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.tokenize("The red ball") == ["the", "red", "ball"]
+    assert tokenizer("red")["input_ids"] == [2, 5 + WORDS.index("red"), 3]
+    config = LxmertConfig.from_pretrained(out)
+    assert config.id2label == {0: "yes", 1: "no", 2: "2", 3: "red"}
+    assert config.label2id == {"yes": 0, "no": 1, "2": 2, "red": 3}
+
+
+WORDS = ("the", "red", "ball", "is", "on", "a", "table", "what", "color", "of", "man", "dog")

@@ -42,10 +42,12 @@ def test_yaml_then_flags_then_key_value(tmp_path):
     assert cfg.inputs == ["c/"]  # the command line's inputs replace the file's
     assert cfg.batch_size == 3 and cfg.max_failures == 5 and cfg.out == "yaml.lmdb"
     assert cfg.overrides == {"nms_thresh": 0.5, "post_nms_topk": 20, "min_size": 400}
+    cfg = _resolve(["c/", "--out", "x.lmdb", "--store-class-probs"])
+    assert cfg.overrides == {"class_probs": True}
 
 
 def test_config_and_overrides_travel_to_the_cluster_command(tmp_path):
-    argv = ["imgs", "--out", "f.lmdb", "--config", "c.yaml", "batch_size=3"]
+    argv = ["imgs", "--out", "f.lmdb", "--config", "c.yaml", "batch_size=3", "--store-class-probs"]
     args = build_parser().parse_args(["extract", *argv])
     forwarded = build_parser().parse_args(cluster_argv(args))
     assert vars(forwarded) == vars(args)

@@ -268,3 +268,44 @@ def test_clean_questions_reuse_the_batch_tokens_and_wait_for_qa(tokenizer):
     counting.calls.clear()
     assert "qa_eval" not in collate(items, np.random.default_rng(0))
     assert len(counting.calls) == 1
+
+
+def test_vilbert_region_masking_zeroes_or_keeps():
+    """ViLBERT's rule: of the picked regions 90 % zeroed, 10 % kept, none borrowed."""
+    rng = np.random.default_rng(2)
+    feats = rng.normal(size=(4000, 10, 6)).astype(np.float32) + 5
+    valid = np.ones((4000, 10), dtype=bool)
+    out, picked = mask_objects(feats, valid, np.arange(4000), rng, 0.15, zero=0.9, swap=0.0)
+    zeroed = ~out[picked].any(-1)
+    kept = (out[picked] == feats[picked]).all(-1)
+    assert (zeroed | kept).all()
+    assert abs(zeroed.mean() - 0.9) < _tolerance(0.9, int(picked.sum()))
+
+
+def test_region_targets_are_the_class_distribution_or_the_confident_top_class(tokenizer):
+    rng = np.random.default_rng(5)
+    items = _items(6, rng)
+    for item in items:
+        m = item["features"].shape[0]
+        item["class_probs"] = rng.dirichlet(np.ones(9), size=m).astype(np.float16)
+    pool = [PretrainExample(it["img_id"], it["sentence"], "x") for it in items]
+    only_regions = MaskingConfig(obj=False, attr=False, feat=False, qa=False, object_prob=0.5)
+    collate = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=only_regions)
+    batch = collate(items, np.random.default_rng(0))
+    assert {"region_mask", "region_probs"} <= set(batch) and "obj_labels" not in batch
+    for k, item in enumerate(items):
+        m = item["features"].shape[0]
+        np.testing.assert_allclose(
+            batch["region_probs"][k, :m].numpy(), item["class_probs"].astype(np.float32)
+        )
+        assert not batch["region_probs"][k, m:].any() and not batch["region_mask"][k, m:].any()
+    # One image without its distribution: every region falls back to its top class weighted by confidence,
+    # and a region the store has no label for (-1) weighs nothing.
+    items[0]["class_probs"] = None
+    items[1]["objects_id"][0] = -1
+    batch = collate(items, np.random.default_rng(0))
+    assert "region_probs" not in batch
+    assert batch["region_labels"][1, 0] == 0 and batch["region_weights"][1, 0] == 0
+    m = items[2]["features"].shape[0]
+    np.testing.assert_array_equal(batch["region_labels"][2, :m].numpy(), items[2]["objects_id"])
+    np.testing.assert_allclose(batch["region_weights"][2, :m].numpy(), items[2]["objects_conf"])

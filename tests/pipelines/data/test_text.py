@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -51,6 +52,39 @@ def test_bad_inputs(tmp_path, capsys):
     vocab.write_text("hello\nworld\n")
     with pytest.raises(ValueError, match="special tokens"):
         load_tokenizer(vocab)
+
+
+def test_a_vocab_of_special_tokens_alone_is_refused(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in SPECIAL_TOKENS))
+    with pytest.raises(ValueError, match="0 tokens besides the special ones"):
+        load_tokenizer(vocab)
+
+
+def test_offline_hub_id_fails_fast_and_names_the_way_out(monkeypatch):
+    """Offline, transformers returns a 5-token tokenizer after minutes of retries: refuse at once instead."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    with pytest.raises(OSError, match="--vocab") as err:
+        load_tokenizer("no-such-org/no-such-vocab")
+    assert "HF_HUB_OFFLINE" in str(err.value)
+    assert time.monotonic() - start < 30
+
+
+def test_unreachable_hub_fails_after_one_probe(monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def unreachable(hub_id, timeout):
+        calls.append((hub_id, timeout))
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    with pytest.raises(OSError, match="Name or service not known.*xmodal vocab build"):
+        load_tokenizer("bert-base-uncasd")
+    assert len(calls) == 1 and calls[0][1] <= 10
 
 
 class _Tok:

@@ -1,4 +1,4 @@
-"""Typed configs: YAML files, `key=value` overrides (nested), type checks, the SPEC's defaults."""
+"""Typed configs: YAML files, `key=value` overrides (nested), type checks, the release's defaults."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pipelines.engine import config_io
 from pipelines.tasks.pretrain import PretrainRun
 
 
-def test_spec_defaults():
+def test_release_defaults():
     run = PretrainRun()
     t = run.train
     assert (t.lr, t.batch_size, t.epochs, t.warmup_ratio, t.clip_norm, t.weight_decay) == (
@@ -20,6 +20,7 @@ def test_spec_defaults():
         0.01,
     )
     assert t.decay_norm_and_bias  # the release decays every parameter
+    assert t.optimizer == "bertadam"
     m = run.task.masking
     assert (m.mlm_prob, m.object_prob, m.mismatch_prob, m.max_seq_len, m.object_loss_on) == (
         0.15,
@@ -61,3 +62,46 @@ def test_yaml_then_overrides(tmp_path):
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError, match=message):
         config_io.load(PretrainRun, None, [override])
+
+
+def test_optimizer_override_is_checked():
+    assert config_io.load(PretrainRun, None, ["train.optimizer=adamw"]).train.optimizer == "adamw"
+    with pytest.raises(ValueError, match="optimizer"):
+        config_io.load(PretrainRun, None, ["train.optimizer=sgd"])
+
+
+HOSTILE = [
+    "!!python/object/apply:os.system ['touch {marker}']",
+    "!!python/name:os.system",
+    "!!python/object/new:subprocess.Popen [['touch', '{marker}']]",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_yaml_tags_that_build_objects_are_refused_in_files_and_overrides(value, tmp_path, capsys):
+    from pipelines.cli import main
+
+    marker = tmp_path / "ran"
+    value = value.format(marker=marker)
+    config = tmp_path / "evil.yaml"
+    config.write_text(f"train:\n  lr: {value}\n")
+    with pytest.raises(ValueError, match=r"evil\.yaml: refused YAML at line 2, column 7 \(.*never objects"):
+        config_io.load(PretrainRun, config)
+    with pytest.raises(ValueError, match=r"override .*: refused YAML at line 1"):
+        config_io.load(PretrainRun, overrides=[f"train.lr={value}"])
+    argv = ["--features", "f", "--train", "t", "--out", str(tmp_path / "o")]
+    for command in (["pretrain", *argv, "--config", str(config)], ["finetune", "vqa", *argv, f"lr={value}"]):
+        assert main(command) == 1
+        err = capsys.readouterr().err.strip()
+        assert "refused YAML" in err and "\n" not in err
+    assert main(["extract", "imgs", "--out", str(tmp_path / "x.lmdb"), "--set", f"nms_thresh={value}"]) == 1
+    assert not marker.exists()
+
+
+def test_unreadable_config_is_one_line(tmp_path):
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(b"train: \xff\xfe\n")
+    with pytest.raises(ValueError, match=r"config '.*c\.yaml' cannot be read \(not UTF-8 text"):
+        config_io.load(PretrainRun, binary)
+    with pytest.raises(ValueError, match=r"cannot be read \(Is a directory\)"):
+        config_io.load(PretrainRun, tmp_path)

@@ -114,16 +114,21 @@ class CrashingTask(ToyTask):
         return super().loss(model, batch)
 
 
-def test_resume_is_exact(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "bertadam"])
+def test_resume_is_exact(tmp_path, optimizer):
     straight, first = tmp_path / "straight", tmp_path / "halves"
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=0), straight)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, optimizer=optimizer), straight)
     # crash mid-epoch just after the step-10 checkpoint (8 steps per epoch), with other loader workers
     with pytest.raises(_Crash):
-        fit(CrashingTask(after=10), _cfg(epochs=3, save_every=10, loader_workers=2), first)
+        fit(
+            CrashingTask(after=10),
+            _cfg(epochs=3, save_every=10, loader_workers=2, optimizer=optimizer),
+            first,
+        )
     assert latest_checkpoint(first / "checkpoints").name == "step-10"
     with pytest.raises(FileExistsError, match="--resume"):
-        fit(ToyTask(), _cfg(epochs=3), first)
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=1), first, resume=True)
+        fit(ToyTask(), _cfg(epochs=3, optimizer=optimizer), first)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, optimizer=optimizer), first, resume=True)
     a, b = _weights(straight / "last"), _weights(first / "last")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)

@@ -25,7 +25,7 @@ from pipelines.jobs.image_inputs import InputError, iter_images, unique_ids
 TINY = dict(min_size=64, max_size=96, post_nms_topk=12, pooler_resolution=1, blocks_per_stage=(1, 1, 1))
 BOXES = 6
 N_GOOD = 16
-BROKEN = {"truncated", "empty", "notes", "dangling", "huge"}
+BROKEN = {"truncated", "empty", "notes", "dangling", "huge", "pipe", "zero"}
 KILL_N = 8
 
 
@@ -56,6 +56,8 @@ def make_broken(folder: Path) -> None:
     # Tests run as root, which reads any file whatever its mode: a dangling link is unreadable for everyone.
     os.symlink(folder / "no_such_file.jpg", folder / "dangling.jpg")
     Image.new("1", (8000, 8000)).save(folder / "huge.png")  # 64 MP: above the decoder's limit
+    os.mkfifo(folder / "pipe.jpg")  # reading it would wait for a writer forever
+    os.symlink("/dev/zero", folder / "zero.jpg")  # reading it would fill memory
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +173,61 @@ def test_ids_by_stem_and_relpath_with_recursion_and_list_files(tmp_path):
     ]
 
 
+def test_a_non_utf8_name_gets_an_escaped_id_and_is_read(tmp_path):
+    from pipelines.jobs.extract.actors import decode_images
+
+    make_images(tmp_path / "a", 1)
+    os.rename(tmp_path / "a" / "img_000.png", os.fsencode(tmp_path / "a") + b"/caf\xe9.png")
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(b"a/caf\xe9.png\n")
+    for source, id_from, want in ((tmp_path / "a", "relpath", "caf\\xe9.png"), (listing, "stem", "caf\\xe9")):
+        (item,) = iter_images([source], id_from=id_from)
+        assert item.img_id == want and item.img_id.encode("utf-8")
+        assert unique_ids([source], id_from=id_from) == {want}
+        batch = decode_images([item], timeout=10)
+        assert batch.ids == [want] and not batch.failures
+
+
+def test_symlinked_folders_are_followed_once_and_loops_are_warned(tmp_path, caplog):
+    make_images(tmp_path / "root" / "real", 1)
+    make_images(tmp_path / "elsewhere", 1, seed=1)
+    os.symlink(tmp_path / "elsewhere", tmp_path / "root" / "linked")
+    os.symlink(tmp_path / "root", tmp_path / "root" / "real" / "back")  # a loop
+    os.symlink(tmp_path / "root" / "real", tmp_path / "root" / "also")  # a second way to a folder
+    ids = [i.img_id for i in iter_images([tmp_path / "root"], recursive=True, id_from="relpath")]
+    assert ids == ["real/img_000.png", "linked/img_000.png"]  # real sub-folders first, then links
+    assert "root/real/back" in caplog.text and "root/also" in caplog.text and "already listed" in caplog.text
+    assert list(iter_images([tmp_path / "root"])) == []  # without --recursive no folder is entered
+
+
+def test_a_decode_past_the_timeout_is_skipped_and_the_batch_goes_on(tmp_path, monkeypatch):
+    import extraction
+    from pipelines.jobs.extract.actors import decode_images
+    from pipelines.jobs.image_inputs import ImageInput
+
+    real = extraction.load_image
+    release = threading.Event()
+
+    def stalls(path, *args, **kwargs):
+        if "img_000" in str(path):
+            release.wait(30)  # a read stuck on a dead network mount
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(extraction, "load_image", stalls)
+    make_images(tmp_path, 2)
+    items = [
+        ImageInput("stall", str(tmp_path / "img_000.png")),
+        ImageInput("ok", str(tmp_path / "img_001.jpg")),
+    ]
+    t0 = time.monotonic()
+    batch = decode_images(items, timeout=0.3)
+    release.set()
+    assert time.monotonic() - t0 < 5
+    assert batch.ids == ["ok"]
+    ((img_id, why),) = batch.failures
+    assert img_id == "stall" and "not read and decoded within 0.3s (--decode-timeout)" in why
+
+
 def test_duplicate_ids_fail_before_any_work_naming_both_files(tmp_path):
     from pipelines.jobs.extract.driver import run_extract
 
@@ -193,6 +250,24 @@ def test_missing_input_and_empty_folder_are_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="--recursive"):
         unique_ids([tmp_path / "empty"])
+
+
+def test_a_named_file_that_is_not_an_image_is_refused_before_ray_starts(tmp_path, caplog):
+    from pipelines.cli import main
+
+    good = tmp_path / "good.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(good)
+    notes = tmp_path / "notes.pdf"
+    notes.write_text("%PDF-1.4")
+    fake = tmp_path / "fake.jpg"
+    fake.write_text("not a jpeg")
+    for bad, reason in ((notes, "is not an image"), (fake, "is not a readable image")):
+        with pytest.raises(InputError, match=reason):
+            unique_ids([good, bad])
+        out = tmp_path / f"{bad.stem}.lmdb"
+        assert main(["extract", str(good), str(bad), "--out", str(out), "--workers", "1"]) == 1
+        assert str(bad) in caplog.text and not out.exists()
+    assert unique_ids([good]) == {"good"}
 
 
 def test_an_id_longer_than_a_store_key_is_refused_before_any_work_naming_the_file(tmp_path):
@@ -336,8 +411,8 @@ def fake_job(
         slot_poison = None if slot in broken else poison
         return SimpleNamespace(remote=lambda build, threads: FakeReplica(slot_poison, slot, calls))
 
-    decoder_cls = SimpleNamespace(remote=FakeDecoder)
-    slots = [extract.Slot(replica_cls(i), decoder_cls, {}, 1) for i in range(workers)]
+    decoder_cls = SimpleNamespace(remote=lambda timeout: FakeDecoder())
+    slots = [extract.Slot(replica_cls(i), decoder_cls, {}, 1, 60.0) for i in range(workers)]
     cfg = ExtractConfig(inputs=[], out=str(tmp_path / "f.lmdb"), batch_size=2, progress=False)
     job = extract.Job(cfg, FakeWriter(), slots, sum(map(len, batches)))
     units = (extract.Unit([ImageInput(i, f"/images/{i}.jpg") for i in batch]) for batch in batches)
@@ -552,7 +627,12 @@ def test_two_replicas_store_equals_direct_detection_and_survives_a_replica_kill(
 
     assert killed, "no replica was found running to kill"
     assert summary.replicas == 2 and summary.restarts >= 1
-    assert (summary.total, summary.done, summary.skipped, summary.failed) == (N_GOOD + 5, N_GOOD, 0, 5)
+    assert (summary.total, summary.done, summary.skipped, summary.failed) == (
+        N_GOOD + len(BROKEN),
+        N_GOOD,
+        0,
+        len(BROKEN),
+    )
     assert summary.exit_code == 2  # failures above the default --max-failures 0
     assert json.loads(summary_path(out).read_text())["done"] == N_GOOD
     assert_store_matches(out, reference)
@@ -562,6 +642,7 @@ def test_two_replicas_store_equals_direct_detection_and_survives_a_replica_kill(
     for img_id, row in errors.items():
         assert Path(row["path"]).stem == img_id and row["reason"]
     assert "0-byte" in errors["empty"]["reason"] and "MP" in errors["huge"]["reason"]
+    assert "named pipe" in errors["pipe"]["reason"] and "character device" in errors["zero"]["reason"]
 
     from storage import FeatureReader
 
@@ -572,7 +653,7 @@ def test_two_replicas_store_equals_direct_detection_and_survives_a_replica_kill(
 
     # resume: nothing detected again, only the broken files retried, and tolerated this time
     again = run_extract(config(image_dir, out, max_failures=len(BROKEN)))
-    assert (again.done, again.skipped, again.failed, again.exit_code) == (0, N_GOOD, 5, 0)
+    assert (again.done, again.skipped, again.failed, again.exit_code) == (0, N_GOOD, len(BROKEN), 0)
     assert set(read_errors(out)) == BROKEN  # this run's failures, not an accumulation
     # the CLI cannot shrink the network like TINY does: resuming with other settings is refused up front
     argv = ["extract", str(image_dir), "--out", str(out), "--min-size", "64", "--max-size", "96"]
@@ -595,7 +676,7 @@ def test_batched_store_equals_detect_on_the_same_batches(image_dir, ray_session,
     writer.close()
 
     summary = run_extract(config(image_dir, out, workers=1, cpus_per_worker=1.0, batch_size=3))
-    assert (summary.done, summary.skipped, summary.failed) == (N_GOOD - len(stored), len(stored), 5)
+    assert (summary.done, summary.skipped, summary.failed) == (N_GOOD - len(stored), len(stored), len(BROKEN))
 
     todo = [item for item in iter_images([image_dir]) if item.img_id not in stored]
     want = {img_id: reference[img_id] for img_id in stored}
@@ -695,3 +776,59 @@ def test_sigkill_mid_run_then_rerun_gives_every_image_exactly_once(ray_session, 
     assert len(reader) == KILL_N and sorted(reader.keys()) == ids
     assert (rerun.skipped, rerun.done, rerun.failed) == (before, KILL_N - before, 1)
     reader.close()
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /nonexistent/ran",))
+
+
+def _no_ray(*args, **kwargs):
+    raise AssertionError("Ray was started before the refusal")
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".pkl", ".pt"])
+def test_a_bad_weights_file_is_one_line_before_ray_starts(suffix, tmp_path, monkeypatch):
+    import pickle
+
+    import torch
+
+    from pipelines.jobs.extract import driver
+    from pipelines.jobs.extract.driver import run_extract
+
+    monkeypatch.setattr(driver, "init_ray", _no_ray)
+
+    images = tmp_path / "images"
+    make_images(images, 1)
+    weights = tmp_path / f"evil{suffix}"
+    if suffix == ".pkl":
+        weights.write_bytes(pickle.dumps({"model": _RunsCode()}))
+    else:
+        torch.save({"model": _RunsCode()}, weights)
+    with pytest.raises(InputError) as err:
+        run_extract(config(images, tmp_path / "f.lmdb", weights=str(weights)))
+    message = str(err.value)
+    assert "\n" not in message and f"detector checkpoint {str(weights)!r} cannot be read" in message
+    assert "system" in message  # names what it would have run
+    assert not (tmp_path / "f.lmdb").exists()
+
+
+def test_a_store_of_another_shape_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    from extraction import Detector
+    from extraction.config import resolve_config
+    from pipelines.jobs.extract import driver
+    from pipelines.jobs.extract.driver import run_extract
+    from storage import FeatureWriter
+
+    monkeypatch.setattr(driver, "init_ray", _no_ray)
+
+    config_, _ = resolve_config("vg-r101-c4", **{k: v for k, v in TINY.items() if "size" not in k})
+    assert config_.feature_dim == Detector.build(**TINY).feature_dim == 2048
+    images = tmp_path / "images"
+    make_images(images, 1)
+    store = tmp_path / "f.lmdb"
+    FeatureWriter(store, feature_dim=64, max_boxes=BOXES, dtype="float16").close()
+    with pytest.raises(
+        InputError, match=r"f\.lmdb holds records of another shape: feature_dim 64 \(this job: 2048\)"
+    ):
+        run_extract(config(images, store))

@@ -81,3 +81,38 @@ def test_ray_train_without_a_session_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="no Ray session is open"):
         fit(object(), TrainConfig(workers=2), tmp_path)  # type: ignore[arg-type]
+
+
+def test_a_private_instance_listens_on_loopback_only():
+    """Every listening socket of the Ray processes this test starts is on 127.0.0.1 (GCS, raylet, workers,
+    dashboard, its agent and metrics endpoints); only what the test started is stopped."""
+    import ipaddress
+
+    import psutil
+    import ray
+
+    from pipelines.jobs.ray_runtime import init_ray
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already running in this process")
+    session = init_ray(None, num_cpus=1)
+    try:
+        assert ray.get(ray.remote(lambda: 1).options(num_cpus=0.1).remote()) == 1  # a worker is up too
+        ray_pids = {p.pid for p in psutil.Process().children(recursive=True)}
+        listening = [
+            (psutil.Process(c.pid).name(), c.laddr.ip, c.laddr.port)
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in ray_pids
+        ]
+    finally:
+        session.close()
+
+    def loopback(ip: str) -> bool:
+        addr = ipaddress.ip_address(ip)
+        return addr.is_loopback or (
+            addr.version == 6 and addr.ipv4_mapped is not None and addr.ipv4_mapped.is_loopback
+        )
+
+    names = {name for name, _, _ in listening}
+    assert {"gcs_server", "raylet"} <= names and len(listening) >= 5
+    assert [entry for entry in listening if not loopback(entry[1])] == []

@@ -26,7 +26,9 @@ class PretrainData:
     ids: list[str]
 
 
-def _record(img_id: str, rng: np.random.Generator, shape_protos, colour_protos, boxes: int) -> RegionFeatures:
+def _record(
+    img_id: str, rng: np.random.Generator, shape_protos, colour_protos, boxes: int, class_probs: bool = False
+) -> RegionFeatures:
     n = int(rng.integers(boxes - 2, boxes + 1))  # variable box counts exercise padding
     shapes = rng.integers(len(SHAPES), size=n)
     colours = rng.integers(len(COLOURS), size=n)
@@ -43,7 +45,16 @@ def _record(img_id: str, rng: np.random.Generator, shape_protos, colour_protos, 
         objects_conf=rng.uniform(0.5, 1.0, size=n).astype(np.float32),
         attrs_id=colours.astype(np.int64),
         attrs_conf=rng.uniform(0.5, 1.0, size=n).astype(np.float32),
+        class_probs=_class_probs(shapes) if class_probs else None,
     )
+
+
+def _class_probs(shapes: np.ndarray) -> np.ndarray:
+    """A detector-like distribution over the shapes plus background (last): 0.9 on the region's shape."""
+    classes = len(SHAPES) + 1
+    probs = np.full((len(shapes), classes), 0.1 / (classes - 1), dtype=np.float32)
+    probs[np.arange(len(shapes)), shapes] = 0.9
+    return probs
 
 
 def _rows(records: list[RegionFeatures], rng: np.random.Generator) -> list[dict]:
@@ -66,8 +77,16 @@ def _rows(records: list[RegionFeatures], rng: np.random.Generator) -> list[dict]
     return rows
 
 
-def make_pretrain_data(root: Path, images: int = 48, valid_images: int = 8, boxes: int = 6, seed: int = 0):
-    """Write the store, train/valid JSON and a vocab under `root`."""
+def make_pretrain_data(
+    root: Path,
+    images: int = 48,
+    valid_images: int = 8,
+    boxes: int = 6,
+    seed: int = 0,
+    class_probs: bool = False,
+):
+    """Write the store (with per-region class distributions if `class_probs`), train/valid JSON and a vocab
+    under `root`."""
     root = Path(root)
     rng = np.random.default_rng(seed)
     shape_protos = rng.uniform(0, 1, size=(len(SHAPES), FEATURE_DIM)) * (
@@ -77,7 +96,7 @@ def make_pretrain_data(root: Path, images: int = 48, valid_images: int = 8, boxe
         rng.random((len(COLOURS), FEATURE_DIM)) < 0.4
     )
     ids = [f"img{i:04d}" for i in range(images + valid_images)]
-    records = [_record(i, rng, shape_protos, colour_protos, boxes) for i in ids]
+    records = [_record(i, rng, shape_protos, colour_protos, boxes, class_probs) for i in ids]
     store = root / "feats.lmdb"
     with FeatureWriter(store, feature_dim=FEATURE_DIM, max_boxes=boxes, dtype="float32") as w:
         for rec in records:
@@ -99,4 +118,5 @@ def tiny_run_overrides() -> list[str]:
         "train.loader_workers=0",
         "train.log_every=1",
         "train.warmup_ratio=0.1",
+        "train.optimizer=adamw",  # the tests' learning rates are tuned for AdamW; BertAdam has its own tests
     ]

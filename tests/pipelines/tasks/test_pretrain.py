@@ -333,6 +333,18 @@ def test_bad_json_names_the_file_and_row(data, tmp_path, capsys):
         read_pretrain_json([bad])
 
 
+def test_an_unreachable_vocabulary_stops_before_training(data, tmp_path, capsys, monkeypatch):
+    """Offline, a hub vocab id used to train on a 5-token vocabulary and exit 0."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    argv = _args(data, out)
+    argv[argv.index("--vocab") + 1] = "bert-base-uncasd"
+    assert xmodal(argv) == 1
+    err = capsys.readouterr().err
+    assert "bert-base-uncasd" in err and "--vocab" in err and "xmodal vocab build" in err
+    assert not (out / "checkpoints").exists()
+
+
 def test_missing_images_error_or_skip(data, tmp_path, capsys):
     rows = json.loads(data.train.read_text())[:4]
     rows += [{"img_id": f"ghost{i}", "sentf": {"c": ["a red star"]}} for i in range(7)]
@@ -356,3 +368,34 @@ def test_existing_run_is_not_overwritten(data, tmp_path, capsys):
     assert xmodal(_args(data, out, "--max-steps", "1")) == 1
     assert "--resume" in capsys.readouterr().err
     assert (out / "vocab.txt").read_text() == "precious"
+
+
+def test_a_store_without_detector_labels_trains_with_the_label_losses_off(data, tmp_path, caplog):
+    """A store imported from a 6-field TSV or HDF5 holds UNKNOWN_LABEL (-1) ids at confidence 0."""
+    import dataclasses
+
+    from storage import FeatureReader
+    from storage.importer import import_records
+    from storage.records import UNKNOWN_LABEL
+
+    reader = FeatureReader([data.features])
+    items = []
+    for img_id in sorted(reader.keys()):
+        rec = reader[img_id]
+        n = len(rec.objects_id)
+        unknown, zero = np.full(n, UNKNOWN_LABEL, np.int64), np.zeros(n, np.float32)
+        items.append((img_id, dataclasses.replace(rec, objects_id=unknown, objects_conf=zero,
+                                                   attrs_id=unknown, attrs_conf=zero)))  # fmt: skip
+    store = tmp_path / "unlabelled.lmdb"
+    import_records(items, "generated.tsv", store, max_boxes=reader.max_boxes)
+    run = _run_config(data, max_steps=3)
+    run = config_io.merge(run, {"task": {"features": [str(store)]}})
+    with caplog.at_level("WARNING"):
+        fit(PretrainTask(run.task), run.train, tmp_path / "run")
+    said = [r.getMessage() for r in caplog.records if "no detector labels" in r.getMessage()]
+    assert len(said) == 1 and f"{len(items)} of {len(items)} records" in said[0], said
+    train = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert len(train) == 3
+    for row in train:
+        assert row["obj"] == 0 and row["attr"] == 0, row
+        assert math.isfinite(row["loss"]) and row["mlm"] > 0 and row["feat"] > 0

@@ -52,7 +52,9 @@ def files(tmp_path_factory):
         {"img_id": img, "sentf": {"vqa": ["what color is it?"]}, "labelf": {"vqa": [{answers[i % 2]: 1.0}]}}
         for i, img in enumerate(IMAGES)
     ]
-    for name, rows in (("vqa", qa), ("gqa", qa), ("nlvr2", nlvr2), ("pretrain", pretrain)):
+    retrieval = [{"img_id": img, "sentences": ["a red", "a blue"]} for img in IMAGES]
+    tasks = (("vqa", qa), ("gqa", qa), ("nlvr2", nlvr2), ("pretrain", pretrain), ("retrieval", retrieval))
+    for name, rows in tasks:
         (root / f"{name}.json").write_text(json.dumps(rows))
     return root
 

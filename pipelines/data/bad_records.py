@@ -1,0 +1,47 @@
+"""The records a training run will read, checked once before it starts (storage.validate): an inf feature,
+a zero image size, a NaN box or an out-of-range label stops the run naming the record and its store, or
+with `--skip-bad-records` is logged and the examples using it are dropped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from storage import FeatureReader
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+
+def bad_records(features: FeatureReader, ids: Iterable[str], skip: bool) -> dict[str, str]:
+    """id -> reason for each record of `ids` that fails the checks; without `skip` the first one raises
+    storage.BadRecordError (one line: the record, the store, the fix). Ids must be in the store."""
+    checker = FeatureReader(features.paths, validate=True, skip_bad=skip)
+    for img_id in ids:
+        checker.get(img_id)  # with `skip` a bad record is logged once and kept in `skipped`
+    return dict(checker.skipped)
+
+
+def drop_bad(
+    examples: Sequence[E],
+    images: Callable[[E], Iterable[str]],
+    features: FeatureReader,
+    skip: bool,
+    what: str,
+) -> list[E]:
+    """`examples` without those reading a bad record (see `bad_records`); says how many were dropped."""
+    ids = dict.fromkeys(img for ex in examples for img in images(ex))
+    bad = bad_records(features, ids, skip)
+    if not bad:
+        return list(examples)
+    kept = [ex for ex in examples if not any(img in bad for img in images(ex))]
+    log.warning(
+        "%s: skipped %d of %d examples reading %d bad records (--skip-bad-records)",
+        what,
+        len(examples) - len(kept),
+        len(examples),
+        len(bad),
+    )
+    return kept

@@ -1,0 +1,87 @@
+"""`xmodal features ls` (record ids a page at a time, as text or JSON) and `merge --salvage` (a corrupt
+source record stops a plain merge, exit 1 in one line, and is left out, logged, by a salvaging one)."""
+
+from __future__ import annotations
+
+import json
+
+import lmdb
+import numpy as np
+import pytest
+
+from pipelines.cli import main
+from storage import FeatureReader, FeatureWriter, RegionFeatures
+from storage.metadata import RECORDS_DB
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ls") / "feats.lmdb"
+    with FeatureWriter(path, feature_dim=4, max_boxes=2) as writer:
+        for i in (3, 0, 2, 1, 4):
+            writer.put(
+                RegionFeatures(
+                    img_id=f"img{i}", img_h=10, img_w=10, boxes=np.array([[0, 0, 5, 5]], np.float32),
+                    features=np.ones((1, 4), np.float32), objects_id=np.zeros(1, np.int64),
+                    objects_conf=np.ones(1, np.float32), attrs_id=np.zeros(1, np.int64),
+                    attrs_conf=np.ones(1, np.float32),
+                )
+            )  # fmt: skip
+    return path
+
+
+def test_ls_pages_through_the_ids_in_key_order(store, capsys):
+    assert main(["features", "ls", str(store), "--limit", "2"]) == 0
+    out = capsys.readouterr()
+    assert out.out.split() == ["img0", "img1"]
+    assert "1-2 of 5; next page: --offset 2" in out.err
+    assert main(["features", "ls", str(store), "--offset", "2", "--limit", "0"]) == 0
+    out = capsys.readouterr()
+    assert out.out.split() == ["img2", "img3", "img4"] and out.err == ""
+
+
+def test_ls_json(store, capsys):
+    assert main(["features", "ls", str(store), "--offset", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"total": 5, "offset": 4, "ids": ["img4"]}
+
+
+def test_ls_refuses_a_negative_page_and_a_missing_store(store, tmp_path, caplog):
+    assert main(["features", "ls", str(store), "--offset", "-1"]) == 1
+    assert "--offset and --limit" in caplog.text
+    assert main(["features", "ls", str(tmp_path / "nope.lmdb")]) == 1
+
+
+def _record(i: int) -> RegionFeatures:
+    rng = np.random.default_rng(i)
+    boxes = np.sort(rng.uniform(0, 50, (3, 2, 2)), axis=1).reshape(3, 4)[:, [0, 2, 1, 3]]
+    return RegionFeatures(
+        img_id=f"img{i}",
+        img_h=60,
+        img_w=60,
+        boxes=boxes.astype(np.float32),
+        features=rng.random((3, 8), dtype=np.float32),
+        objects_id=np.arange(3),
+        objects_conf=np.full(3, 0.5, np.float32),
+        attrs_id=np.arange(3),
+        attrs_conf=np.full(3, 0.5, np.float32),
+    )
+
+
+def test_salvage_leaves_out_the_corrupt_record(tmp_path, caplog):
+    src = tmp_path / "a.lmdb"
+    with FeatureWriter(src, feature_dim=8, max_boxes=3) as writer:
+        for i in range(5):
+            writer.put(_record(i))
+    env = lmdb.open(str(src), max_dbs=2)
+    with env.begin(write=True) as txn:
+        db = env.open_db(RECORDS_DB, txn=txn)
+        value = bytearray(txn.get(b"img2", db=db))
+        value[-1] ^= 0xFF  # one flipped byte: the checksum no longer matches
+        txn.put(b"img2", bytes(value), db=db)
+    env.close()
+    assert main(["features", "merge", str(src), str(tmp_path / "plain.lmdb")]) == 1
+    assert "img2" in caplog.text
+    caplog.clear()
+    assert main(["features", "merge", "--salvage", str(src), str(tmp_path / "kept.lmdb")]) == 0
+    assert "left out" in caplog.text and "img2" in caplog.text
+    assert sorted(FeatureReader(tmp_path / "kept.lmdb").keys()) == ["img0", "img1", "img3", "img4"]

@@ -1,0 +1,81 @@
+"""BertAdam against the release's update rule written out here, and the optimizer choice."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from pipelines.engine.optimizers import OPTIMIZERS, BertAdam, build_optimizer
+
+
+def _reference_steps(p0, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    """The release's rule step by step, in float64: moments without bias correction, eps outside the
+    square root, weight decay added to the update before the learning rate."""
+    p, m, v = (
+        p0.double().clone(),
+        torch.zeros_like(p0, dtype=torch.float64),
+        torch.zeros_like(p0, dtype=torch.float64),
+    )
+    out = []
+    for g, step_lr in zip(grads, lr, strict=True):
+        g = g.double()
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - step_lr * (m / (v.sqrt() + eps) + wd * p)
+        out.append(p.clone())
+    return out
+
+
+@pytest.mark.parametrize("wd", [0.01, 0.0])
+def test_bertadam_follows_the_release_rule_over_several_steps(wd):
+    gen = torch.Generator().manual_seed(0)
+    p0 = torch.randn(5, 3, generator=gen)
+    grads = [torch.randn(5, 3, generator=gen) * s for s in (1.0, 0.1, 3.0, 1e-4)]
+    lrs = [1e-3, 5e-4, 2e-3, 1e-3]  # a schedule changes lr between steps
+    param = torch.nn.Parameter(p0.clone())
+    opt = BertAdam([param], lr=lrs[0], weight_decay=wd)
+    expected = _reference_steps(p0, grads, lrs, wd)
+    for g, lr, want in zip(grads, lrs, expected, strict=True):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        param.grad = g.clone()
+        opt.step()
+        torch.testing.assert_close(param.detach().double(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_first_bertadam_step_differs_from_bias_corrected_adam():
+    # without bias correction the first step is lr * g(1-b1)/(|g|sqrt(1-b2) + eps) ~ 3.16 lr, not lr
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.ones(1)
+    BertAdam([param], lr=0.1, weight_decay=0.0).step()
+    assert param.item() == pytest.approx(-0.1 * 0.1 / (0.001**0.5 + 1e-6), rel=1e-5)
+
+
+def test_state_round_trips_through_state_dict():
+    gen = torch.Generator().manual_seed(1)
+    grads = [torch.randn(4, generator=gen) for _ in range(4)]
+    a = torch.nn.Parameter(torch.ones(4))
+    opt_a = BertAdam([a], lr=0.01)
+    for g in grads[:2]:
+        a.grad = g.clone()
+        opt_a.step()
+    b = torch.nn.Parameter(a.detach().clone())
+    opt_b = BertAdam([b], lr=0.01)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # as read back from a checkpoint
+    for g in grads[2:]:
+        a.grad, b.grad = g.clone(), g.clone()
+        opt_a.step()
+        opt_b.step()
+    assert torch.equal(a, b)
+
+
+def test_build_optimizer_names():
+    param = torch.nn.Parameter(torch.ones(2))
+    assert isinstance(build_optimizer("bertadam", [{"params": [param]}], 0.1, 0.01), BertAdam)
+    adamw = build_optimizer("adamw", [{"params": [param]}], 0.1, 0.01)
+    assert isinstance(adamw, torch.optim.AdamW)
+    assert set(OPTIMIZERS) == {"bertadam", "adamw"}
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        build_optimizer("sgd", [{"params": [param]}], 0.1, 0.01)

@@ -1,0 +1,90 @@
+"""What `xmodal submit` uploads, checked offline: secrets, weights and data stay home unless included, the
+list equals what Ray itself packages with the same excludes, and an upload over the limit is refused
+before any connection."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.jobs import submission
+from pipelines.jobs.upload import plan_upload
+
+CODE = ["pyproject.toml", "pipelines/cli.py", "pipelines/data/text.py", "configs/run.yaml", "tokenizer.py"]
+SECRETS = [
+    ".env",
+    ".env.production",
+    "deploy/id_ed25519",
+    "certs/server.key",
+    ".ray/auth_token",
+    "auth_token",
+]
+WEIGHTS = ["weights/model.safetensors", "ckpt/trainer_state.pt", "faster_rcnn.pkl", "pytorch_model.bin"]
+DATA = ["feats.lmdb/data.mdb", "data/train.tsv", "images/cat.jpg"]
+CACHES = [".venv/bin/python", ".git/HEAD", "runs/a/metrics.jsonl", "pipelines/__pycache__/cli.pyc"]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "work"
+    for name in CODE + SECRETS + WEIGHTS + DATA + CACHES:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 100)
+    (root / ".gitignore").write_text("configs/local.yaml\n")
+    (root / "configs" / "local.yaml").write_text("ignored by git")
+    return root
+
+
+def _ray_packs(root, excludes, tmp_path) -> set[str]:
+    """The files Ray's own packaging zips from `root` with `excludes` (what the upload sends)."""
+    from ray._private import ray_constants
+    from ray._private.runtime_env.packaging import _zip_files
+
+    out = tmp_path / "pkg.zip"
+    _zip_files(str(root), ray_constants.get_runtime_env_default_excludes() + excludes, str(out), True)
+    return {n for n in zipfile.ZipFile(out).namelist() if not n.endswith("/")}
+
+
+def test_only_the_code_goes_up_and_ray_agrees(tree, tmp_path):
+    upload = plan_upload(tree)
+    assert set(upload.files) == set(CODE) | {".gitignore"}
+    assert upload.total_bytes == 100 * len(CODE) + len(".gitignore: configs/local.yaml") - 11
+    secrets = {".env", ".env.production", "deploy/id_ed25519", "certs/server.key", ".ray", "auth_token"}
+    assert set(upload.left_out["secret"]) == secrets
+    assert set(upload.left_out["weights"]) == set(WEIGHTS)
+    assert set(upload.left_out["data"]) == {"feats.lmdb", "data/train.tsv", "images/cat.jpg"}
+    assert set(upload.files) == _ray_packs(tree, upload.excludes, tmp_path)
+    line = upload.describe()
+    assert line.startswith(f"uploading 6 files (0.0 MiB, uncompressed) from {tree}; left out: 6 secret (")
+    assert "--include PATTERN" in line and "\n" not in line
+
+
+def test_include_puts_a_file_back(tree, tmp_path):
+    upload = plan_upload(tree, include=["weights/*.safetensors"])
+    assert "weights/model.safetensors" in upload.files and ".env" not in upload.files
+    assert set(upload.files) == _ray_packs(tree, upload.excludes, tmp_path)
+
+
+def test_over_the_limit_is_refused_before_connecting(tree, monkeypatch, caplog):
+    (tree / "big.csv").write_bytes(b"0" * 5000)
+    with pytest.raises(ValueError, match=r"over Ray's 0\.0 MiB limit \(largest: big\.csv"):
+        plan_upload(tree, limit=4096)
+
+    def no_client(*args, **kwargs):
+        raise AssertionError("connected before refusing")
+
+    monkeypatch.setattr("ray.job_submission.JobSubmissionClient", no_client)
+    monkeypatch.setattr("ray._private.runtime_env.packaging.GCS_STORAGE_MAX_SIZE", 4096)
+    argv = ["submit", "--address", "http://127.0.0.1:1", "--working-dir", str(tree), "--", "--help"]
+    assert main(argv) == 1
+    (record,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "over Ray's" in record.getMessage() and record.exc_info is None
+
+
+def test_the_runtime_env_carries_the_planned_excludes(tree):
+    upload = plan_upload(tree, include=["*.pt"])
+    env = submission.runtime_env(upload)
+    assert env["working_dir"] == str(tree) and env["excludes"][-1] == "!*.pt" and ".env" in env["excludes"]
