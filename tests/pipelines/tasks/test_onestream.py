@@ -164,7 +164,7 @@ def test_vqa_fine_tuning_learns_from_the_image(data, tmp_path, arch):
         "finetune", "vqa", "--arch", arch, "--features", features, "--train", str(files["train"]),
         "--valid", str(files["valid"]), "--vocab", str(data.vocab), "--out", str(out), "--epochs", "25",
         "--batch-size", "16", "--lr", "3e-3", "task.preset=tiny", "task.model={visual_feat_dim: 32}",
-        "train.loader_workers=0", "train.log_every=4",
+        "train.loader_workers=0", "train.log_every=4", "train.optimizer=adamw",
     ]  # fmt: skip
     assert xmodal(argv) == 0
     best = json.loads((out / "best" / "best.json").read_text())
