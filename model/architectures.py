@@ -31,6 +31,23 @@ from .vilbert import (
     VilbertForRetrieval,
     convert_vilbert,
 )
+from .visualbert import (
+    VisualBert,
+    VisualBertConfig,
+    VisualBertForNLVR2,
+    VisualBertForPreTraining,
+    VisualBertForQuestionAnswering,
+    convert_visualbert,
+)
+from .visualbert import read_huggingface_dir as read_visualbert_dir
+from .vlbert import (
+    VlBert,
+    VlBertConfig,
+    VlBertForNLVR2,
+    VlBertForPreTraining,
+    VlBertForQuestionAnswering,
+    convert_vlbert,
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,29 @@ FAMILIES: dict[str, Family] = {
             "retrieval": VilbertForRetrieval,
         },
         convert=convert_vilbert,
+    ),
+    "vlbert": Family(
+        name="vlbert",
+        config_class=VlBertConfig,
+        models={
+            "backbone": VlBert,
+            "pretraining": VlBertForPreTraining,
+            "qa": VlBertForQuestionAnswering,
+            "nlvr2": VlBertForNLVR2,
+        },
+        convert=convert_vlbert,
+    ),
+    "visualbert": Family(
+        name="visualbert",
+        config_class=VisualBertConfig,
+        models={
+            "backbone": VisualBert,
+            "pretraining": VisualBertForPreTraining,
+            "qa": VisualBertForQuestionAnswering,
+            "nlvr2": VisualBertForNLVR2,
+        },
+        convert=convert_visualbert,
+        read_foreign=read_visualbert_dir,
     ),
 }
 

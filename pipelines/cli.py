@@ -13,7 +13,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("features", "inspect, verify, import, export, merge and draw region-feature stores"),
     ("extract", "extract region features from image folders with Ray"),
     ("submit", "submit any xmodal command to a Ray cluster as a Ray Job"),
-    ("convert", "convert detector, LXMERT or ViLBERT checkpoints"),
+    ("convert", "convert detector, LXMERT, ViLBERT, VL-BERT or VisualBERT checkpoints"),
     ("vocab", "build a WordPiece vocabulary"),
     ("pretrain", "pre-train a model (LXMERT: the five tasks)"),
     ("finetune", "fine-tune on a task (VQA, GQA, NLVR2)"),

@@ -1,4 +1,4 @@
-"""`xmodal convert detector|lxmert|vilbert`: bring released checkpoints into xmodal's safetensors layout."""
+"""`xmodal convert KIND`: bring released detector and model checkpoints into xmodal's layout."""
 
 from __future__ import annotations
 
@@ -71,6 +71,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vb.add_argument(
         "--no-strict", dest="strict", action="store_false", help="write even with missing/unexpected names"
     )
+    vl = sub.add_parser(
+        "vlbert", help="VL-BERT release checkpoint ({'state_dict'}, module.*) -> xmodal directory"
+    )
+    vl.add_argument("src", help="a jackroos/VL-BERT .model file (pre-trained or VQA fine-tuned)")
+    vl.add_argument("dst", help="output directory")
+    vl.add_argument(
+        "--num-attention-heads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the file does not store it: hidden size / 64 unless given (12 for base, 16 for large)",
+    )
+    vsb = sub.add_parser("visualbert", help="transformers VisualBERT directory -> xmodal directory")
+    vsb.add_argument("src", help="a directory with config.json and model.safetensors or pytorch_model.bin")
+    vsb.add_argument("dst", help="output directory")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +98,14 @@ def run(args: argparse.Namespace) -> int:
             convert_detector_checkpoint(args.src, args.dst, strict=args.strict, preset=args.preset)
         elif args.kind == "vilbert":
             _convert_vilbert(args)
+        elif args.kind == "vlbert":
+            from model.vlbert import convert_vlbert
+
+            print(f"{convert_vlbert(args.src, args.dst, args.num_attention_heads)}: converted")
+        elif args.kind == "visualbert":
+            from model.visualbert import convert_visualbert
+
+            print(f"{convert_visualbert(args.src, args.dst)}: converted")
         else:
             _convert_lxmert(args)
     except (ValueError, OSError, SafetensorError) as exc:

@@ -36,6 +36,32 @@ def mask_tokens(
     return out, np.where(picked, ids, -100)
 
 
+def mask_words(
+    ids: np.ndarray,
+    maskable: np.ndarray,
+    continues: np.ndarray,
+    rng: np.random.Generator,
+    vocab_size: int,
+    mask_id: int,
+    prob: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-word masking: pick each maskable word (a piece and the `continues` pieces after it, "##...")
+    with `prob`; all its pieces then become [MASK] (80%), random tokens (10%) or stay (10%), one fate per
+    word. Returns (new ids, labels: the original id where picked, -100 elsewhere)."""
+    word = np.cumsum(~continues, axis=1)  # word index of each piece within its row
+    word_picked = rng.random(ids.shape) < prob  # drawn per word start, read through `word`
+    word_fate = rng.random(ids.shape)
+    starts = np.argmax(word[:, :, None] == word[:, None, :], axis=2)  # first piece of each piece's word
+    rows = np.arange(ids.shape[0])[:, None]
+    picked = word_picked[rows, starts] & maskable
+    fate = word_fate[rows, starts]
+    out = ids.copy()
+    out[picked & (fate < 0.8)] = mask_id
+    swap = picked & (fate >= 0.8) & (fate < 0.9)
+    out[swap] = rng.integers(0, vocab_size, size=int(swap.sum()))
+    return out, np.where(picked, ids, -100)
+
+
 def mask_objects(
     feats: np.ndarray,
     valid: np.ndarray,
@@ -97,6 +123,8 @@ class MaskingConfig:
     max_seq_len: int = 20
     # the release weights label losses by detector confidence on all objects; "masked" only on picked ones
     object_loss_on: Literal["all", "masked"] = "all"
+    # mask a word's WordPiece pieces together (VL-BERT's recipe); None = the model's own rule
+    whole_words: bool | None = None
 
 
 class PretrainCollator:
@@ -144,9 +172,17 @@ class PretrainCollator:
         }
         if cfg.mlm:
             maskable = ~np.isin(ids, self.special_ids) & (attention == 1)
-            masked, lm_labels = mask_tokens(
-                ids, maskable, rng, self.vocab_size, self.tokenizer.mask_token_id, cfg.mlm_prob
-            )
+            mask_id = self.tokenizer.mask_token_id
+            if cfg.whole_words:
+                pieces = np.array(self.tokenizer.convert_ids_to_tokens(ids.ravel().tolist())).reshape(
+                    ids.shape
+                )
+                continues = np.char.startswith(pieces, "##") & maskable
+                masked, lm_labels = mask_words(
+                    ids, maskable, continues, rng, self.vocab_size, mask_id, cfg.mlm_prob
+                )
+            else:
+                masked, lm_labels = mask_tokens(ids, maskable, rng, self.vocab_size, mask_id, cfg.mlm_prob)
             batch["input_ids"] = torch.from_numpy(masked)
             batch["lm_labels"] = torch.from_numpy(lm_labels)
         else:

@@ -20,6 +20,7 @@ from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
+from pipelines.tasks.model_setup import data_overrides
 from storage import FeatureReader
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,8 @@ class FinetuneTask:
             log.warning(
                 "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use", preset
             )
-            return config_class.preset(preset, **{"vocab_size": len(self.tokenizer), **cfg.model})
+            overrides = data_overrides(config_class, self.tokenizer)
+            return config_class.preset(preset, **{**overrides, **cfg.model})
         if cfg.preset is not None:
             raise ValueError(
                 f"task.preset={cfg.preset} sizes a model built from scratch; with --init the model is the "

@@ -24,6 +24,7 @@ from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
+from pipelines.tasks.model_setup import data_overrides
 from storage import FeatureReader
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ class PretrainConfig:
 
 def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
     """`masking` with the objectives the pre-training model takes no labels for switched off, and the
-    model's own region-masking rule (`REGION_MASKING` = shares zeroed / swapped) where none is given."""
+    model's own region-masking rule (`REGION_MASKING` = shares zeroed / swapped) and word-masking rule
+    (`WHOLE_WORD_MASKING`) where none is given."""
     accepted = set(inspect.signature(pretraining.forward).parameters)
     changes: dict[str, Any] = {n: False for n, label in OBJECTIVE_LABELS.items() if label not in accepted}
     if any(getattr(masking, name) for name in changes):
@@ -98,6 +100,8 @@ def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
     zero, swap = getattr(pretraining, "REGION_MASKING", (None, None))
     if masking.object_zero is None and masking.object_swap is None:
         changes |= {"object_zero": zero, "object_swap": swap}
+    if masking.whole_words is None:
+        changes["whole_words"] = bool(getattr(pretraining, "WHOLE_WORD_MASKING", False))
     return dataclasses.replace(masking, **changes)
 
 
@@ -181,9 +185,12 @@ class PretrainTask:
     # ---- Task protocol
     def build_model(self) -> torch.nn.Module:
         family = self.family
-        overrides = {"vocab_size": len(self.tokenizer), "visual_feat_dim": self.features.feature_dim}
-        if "num_qa_labels" in {f.name for f in dataclasses.fields(family.config_class)}:
-            overrides["num_qa_labels"] = max(1, len(self.answers))
+        overrides = data_overrides(
+            family.config_class,
+            self.tokenizer,
+            visual_feat_dim=self.features.feature_dim,
+            num_qa_labels=max(1, len(self.answers)),
+        )
         overrides |= self.config.model
         return family.models["pretraining"](family.config_class.preset(self.config.preset, **overrides))
 

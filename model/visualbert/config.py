@@ -1,0 +1,67 @@
+"""`VisualBertConfig`: the sizes and regularisation of a VisualBERT model, with named presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass
+class VisualBertConfig:
+    """Hyper-parameters of VisualBERT; field names and defaults follow transformers' `VisualBertConfig`,
+    except `visual_feat_dim` (its `visual_embedding_dim`), the store's 2048-d region features."""
+
+    # Named configurations for `preset`: field overrides of the defaults below.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # BERT-base with 2048-d region features (uclanlp/visualbert-vqa-coco-pre's sizes).
+        "base": {},
+        # Small enough for unit tests and the demo on a laptop CPU.
+        "tiny": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+        },
+    }
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    visual_feat_dim: int = 2048
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    # Start the visual type/position tables as copies of the text ones (as transformers does).
+    special_visual_initialize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}; pick sizes that divide"
+            )
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> VisualBertConfig:
+        """A named configuration ("base" or "tiny") with any field overridden."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown VisualBERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> VisualBertConfig:
+        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown VisualBertConfig field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

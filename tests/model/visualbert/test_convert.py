@@ -1,0 +1,103 @@
+"""Reading transformers VisualBERT directories: every weight accounted for, outputs unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from model.visualbert import VisualBert, VisualBertForPreTraining, VisualBertForQuestionAnswering
+from model.visualbert.convert import read_hf_dir
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_pretraining_directory_bin_with_tied_decoder(tmp_path, vb):
+    cfg = vb.small_config()
+    torch.manual_seed(0)
+    hf = transformers.VisualBertForPreTraining(vb.hf_config(cfg)).eval()
+    hf.config.architectures = ["VisualBertForPreTraining"]
+    hf.config.save_pretrained(tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")  # the older layout, decoder written out
+    model, report = read_hf_dir(tmp_path)
+    assert isinstance(model, VisualBertForPreTraining)
+    assert report.missing == [] and report.unexpected == []
+    assert sorted(report.tied) == ["cls.predictions.decoder.bias", "cls.predictions.decoder.weight"]
+    assert len(report.loaded) + len(report.tied) == len(hf.state_dict())
+    inputs = vb.make_inputs(cfg)
+    with torch.no_grad():
+        ref = hf(**vb.hf_inputs(inputs))
+        out = model.eval()(**inputs)
+    torch.testing.assert_close(out.matched_logits, ref.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_question_answering_safetensors_directory(tmp_path, vb):
+    cfg = vb.small_config()
+    hf_cfg = vb.hf_config(cfg)
+    hf_cfg.num_labels = 7
+    hf = transformers.VisualBertForQuestionAnswering(hf_cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model, report = read_hf_dir(tmp_path)
+    assert isinstance(model, VisualBertForQuestionAnswering) and model.num_answers == 7
+    assert report.missing == [] and report.unexpected == [] and report.tied == []
+    inputs = vb.make_inputs(cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.eval()(**inputs).logits, hf(**vb.hf_inputs(inputs)).logits, atol=1e-5, rtol=1e-5
+        )
+
+
+def test_other_heads_load_the_backbone_and_report_theirs(tmp_path, vb):
+    cfg = vb.small_config()
+    hf = transformers.VisualBertForMultipleChoice(vb.hf_config(cfg))
+    hf.save_pretrained(tmp_path)
+    model, report = read_hf_dir(tmp_path)
+    assert isinstance(model, VisualBert)
+    assert sorted(report.unexpected) == ["cls.bias", "cls.weight"] and report.missing == []
+
+
+def test_backbone_directory_into_a_head_class_reports_the_head_missing(tmp_path, vb):
+    from model.foreign import read_weights
+    from model.visualbert.convert import load_hf_state
+
+    cfg = vb.small_config()
+    transformers.VisualBertModel(vb.hf_config(cfg)).save_pretrained(tmp_path)
+    model = VisualBertForQuestionAnswering(cfg, num_answers=3)
+    report = load_hf_state(model, read_weights(tmp_path / "model.safetensors"), str(tmp_path))
+    assert report.missing == ["cls.bias", "cls.weight"] and report.unexpected == []
+
+
+def test_unsupported_settings_are_refused(tmp_path, vb):
+    cfg = vb.small_config()
+    transformers.VisualBertModel(vb.hf_config(cfg)).save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**meta, "bypass_transformer": True}))
+    with pytest.raises(ValueError, match="bypass_transformer"):
+        read_hf_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**meta, "model_type": "bert"}))
+    with pytest.raises(ValueError, match="not a transformers VisualBERT"):
+        read_hf_dir(tmp_path)
+
+
+def test_convert_writes_an_xmodal_directory_and_from_pretrained_reads_transformers_too(tmp_path, vb):
+    from model import read_config
+    from model.visualbert import convert_visualbert
+
+    cfg = vb.small_config()
+    hf_cfg = vb.hf_config(cfg)
+    hf_cfg.num_labels = 4
+    hf = transformers.VisualBertForQuestionAnswering(hf_cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    inputs = vb.make_inputs(cfg)
+    with torch.no_grad():
+        expected = hf(**vb.hf_inputs(inputs)).logits
+    converted = convert_visualbert(tmp_path / "hf", tmp_path / "ours")
+    assert read_config(converted)[:1] == ("VisualBertForQuestionAnswering",)
+    for directory in (converted, tmp_path / "hf"):
+        model = VisualBertForQuestionAnswering.from_pretrained(directory).eval()
+        assert model.num_answers == 4
+        with torch.no_grad():
+            torch.testing.assert_close(model(**inputs).logits, expected, atol=1e-5, rtol=1e-5)
+    backbone = VisualBert.from_pretrained(tmp_path / "hf")  # the head's weights are left out
+    assert set(backbone.state_dict()) == {k.removeprefix("visual_bert.") for k in hf.visual_bert.state_dict()}
