@@ -106,8 +106,8 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
         """Backbone inputs as `VlBert.forward`, and:
         lm_labels (B, L), -100 = not masked (the caller masks whole words);
         region_mask (B, N), 1 = a RoI whose appearance is hidden and whose class is predicted, against
-        region_probs (B, N, C), the detector's class distribution, background first (soft cross-entropy),
-        or else region_labels (B, N), the detector's top object id (class id + 1, background being 0),
+        region_probs (B, N, C), the detector's class distribution, background last as the detector and the
+        store order it (soft cross-entropy), or else region_labels (B, N), the detector's top object id,
         with region_weights (B, N), its confidence.
         Labels at padding count for nothing."""
         if region_mask is not None and region_probs is None and region_labels is None:
@@ -166,8 +166,7 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
                 target = region_probs[masked_regions].to(logits.dtype)
                 per_region = -(target * logits.log_softmax(-1)).sum(-1)
             else:
-                classes = region_labels[masked_regions] + 1  # past background, as class_probs
-                per_region = F.cross_entropy(logits, classes, reduction="none")
+                per_region = F.cross_entropy(logits, region_labels[masked_regions], reduction="none")
                 per_region = per_region * region_weights[masked_regions].to(logits.dtype)
             result.losses["mvrc"] = per_region.sum() / count
         elif inference:

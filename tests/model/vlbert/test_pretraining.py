@@ -45,8 +45,19 @@ def test_hard_labels_weighted_by_confidence(model, vl):
     with torch.no_grad():
         out = model(**inputs, region_mask=_masked(), region_labels=labels, region_weights=weights)
     real = _masked() & inputs["visual_attention_mask"].bool()
-    per = F.cross_entropy(out.region_logits, labels[real] + 1, reduction="none") * weights[real]
+    per = F.cross_entropy(out.region_logits, labels[real], reduction="none") * weights[real]
     torch.testing.assert_close(out.losses["mvrc"], per.mean())
+
+
+def test_hard_labels_index_the_classes_as_the_stored_distribution_does(model, vl):
+    """The fallback for stores without class_probs must pick the same class a one-hot distribution does
+    (the detector's order, background last: a foreground id is its own index)."""
+    inputs = vl.make_inputs(model.config)
+    labels = torch.randint(0, 10, (3, 5))
+    with torch.no_grad():
+        hard = model(**inputs, region_mask=_masked(), region_labels=labels, region_weights=torch.ones(3, 5))
+        soft = model(**inputs, region_mask=_masked(), region_probs=F.one_hot(labels, 11).float())
+    torch.testing.assert_close(hard.losses["mvrc"], soft.losses["mvrc"])
 
 
 def test_a_masked_region_leaks_nothing_of_its_appearance(model, vl):
