@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import pytest
 
@@ -67,5 +68,9 @@ def test_wandb_offline_run_gets_the_config_and_rows(tmp_path, monkeypatch):
     run_id = (out / "wandb_run_id").read_text().strip()
     run_dirs = list((out / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(run_dirs) == 1
-    records = (run_dirs[0] / f"run-{run_id}.wandb").read_bytes()  # protobuf records, strings kept raw
+    records = b""
+    deadline = time.monotonic() + 60  # W&B's service process may still be flushing after finish()
+    while b"samples_per_s" not in records and time.monotonic() < deadline:
+        time.sleep(0.5)
+        records = (run_dirs[0] / f"run-{run_id}.wandb").read_bytes()  # protobuf records, strings kept raw
     assert b"trackers" in records and b"samples_per_s" in records and b"loss" in records

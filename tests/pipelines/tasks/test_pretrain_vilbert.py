@@ -29,6 +29,7 @@ VILBERT = [
     "train.loader_workers=0",
     "train.log_every=1",
     "train.warmup_ratio=0.1",
+    "train.optimizer=adamw",  # the learning rates here are tuned for AdamW; BertAdam has its own tests
 ]
 
 
