@@ -1,0 +1,22 @@
+"""Attention captioners over region features: Show, Attend and Tell and the Up-Down captioner."""
+
+from .captioner import Captioner, CaptionOutput, Context, StepOutput
+from .config import CaptionConfig
+from .decoding import Beams, Decoded, beam_search, greedy, sample
+from .show_attend_tell import ShowAttendTell
+from .updown import UpDownCaptioner
+
+__all__ = [
+    "Beams",
+    "CaptionConfig",
+    "CaptionOutput",
+    "Captioner",
+    "Context",
+    "Decoded",
+    "ShowAttendTell",
+    "StepOutput",
+    "UpDownCaptioner",
+    "beam_search",
+    "greedy",
+    "sample",
+]

@@ -1,0 +1,175 @@
+"""Caption data: the Karpathy split JSON, COCO caption annotations, and the word vocabulary."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, matching model.captioning.CaptionConfig's defaults
+MAX_LENGTH = 16
+COUNT_THRESHOLD = 5
+KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+
+
+class CaptionDataError(ValueError):
+    """A caption file or one of its records is malformed; the message names which and how to fix it."""
+
+
+@dataclass
+class CaptionImage:
+    """One image with its reference captions (tokenised and raw)."""
+
+    image_id: int
+    filename: str
+    split: str  # train (restval included), val or test
+    captions: list[list[str]]
+    raw: list[str]
+    filepath: str = ""
+
+
+def tokenize_caption(raw: str) -> list[str]:
+    """Lower-case words without punctuation, as Karpathy's preprocessing produced the `tokens`."""
+    return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", raw.lower())
+
+
+def _load_json(path: str | Path) -> object:
+    path = Path(path)
+    if not path.is_file():
+        raise CaptionDataError(f"{path}: no such file; pass the path to the caption JSON")
+    try:
+        with path.open(encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CaptionDataError(f"{path}: not valid JSON ({err}); re-download or re-export the file") from None
+
+
+def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
+    """Images of `dataset_coco.json` (Karpathy & Fei-Fei's split); `restval` counts as train."""
+    data = _load_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise CaptionDataError(
+            f"{path}: expected an object with an 'images' list (Karpathy's dataset_coco.json)"
+        )
+    images = []
+    for index, row in enumerate(data["images"]):
+        where = f"{path}: images[{index}]"
+        if not isinstance(row, dict):
+            raise CaptionDataError(f"{where} is not an object")
+        missing = [k for k in ("filename", "split", "sentences") if k not in row]
+        if "cocoid" not in row and "imgid" not in row:
+            missing.append("cocoid")
+        if missing:
+            raise CaptionDataError(f"{where} lacks field(s) {missing}; is this Karpathy's dataset_coco.json?")
+        split = KARPATHY_SPLITS.get(row["split"])
+        if split is None:
+            raise CaptionDataError(
+                f"{where} has split {row['split']!r}; expected one of {sorted(KARPATHY_SPLITS)}"
+            )
+        captions, raw = [], []
+        for s, sentence in enumerate(row["sentences"]):
+            if not isinstance(sentence, dict) or not ("tokens" in sentence or "raw" in sentence):
+                raise CaptionDataError(f"{where}.sentences[{s}] needs 'tokens' or 'raw'")
+            text = str(sentence.get("raw", " ".join(sentence.get("tokens", []))))
+            tokens = sentence.get("tokens")
+            if tokens is None:
+                tokens = tokenize_caption(text)
+            elif not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise CaptionDataError(f"{where}.sentences[{s}].tokens must be a list of strings")
+            captions.append([t.lower() for t in tokens])
+            raw.append(text)
+        image_id = row.get("cocoid", row.get("imgid"))
+        if not isinstance(image_id, int):
+            raise CaptionDataError(f"{where} has a non-integer cocoid {image_id!r}")
+        images.append(
+            CaptionImage(image_id, str(row["filename"]), split, captions, raw, str(row.get("filepath", "")))
+        )
+    return images
+
+
+def read_coco_captions(path: str | Path, split: str = "train") -> list[CaptionImage]:
+    """Images of a COCO caption annotation file (`captions_train2014.json`), all tagged `split`."""
+    data = _load_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+        raise CaptionDataError(
+            f"{path}: expected an object with an 'annotations' list (COCO captions_*.json)"
+        )
+    filenames: dict[int, str] = {}
+    for index, image in enumerate(data.get("images", [])):
+        if not isinstance(image, dict) or "id" not in image or "file_name" not in image:
+            raise CaptionDataError(f"{path}: images[{index}] needs 'id' and 'file_name'")
+        filenames[int(image["id"])] = str(image["file_name"])
+    raw: dict[int, list[str]] = {}
+    for index, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict) or "image_id" not in ann or not isinstance(ann.get("caption"), str):
+            raise CaptionDataError(f"{path}: annotations[{index}] needs 'image_id' and a string 'caption'")
+        raw.setdefault(int(ann["image_id"]), []).append(ann["caption"].strip())
+    unknown = sorted(set(raw) - set(filenames)) if filenames else []
+    if unknown:
+        raise CaptionDataError(f"{path}: annotations name image id(s) {unknown[:3]} missing from 'images'")
+    return [
+        CaptionImage(
+            image_id,
+            filenames.get(image_id, f"{image_id:012d}.jpg"),
+            split,
+            [tokenize_caption(c) for c in captions],
+            captions,
+        )
+        for image_id, captions in raw.items()
+    ]
+
+
+class Vocabulary:
+    """Words kept by count, with `<pad> <bos> <eos> <unk>` as ids 0..3."""
+
+    def __init__(self, words: Sequence[str]):
+        self.words = list(SPECIAL_TOKENS) + [w for w in words if w not in SPECIAL_TOKENS]
+        self.index = {w: i for i, w in enumerate(self.words)}
+        if len(self.index) != len(self.words):
+            raise ValueError("vocabulary words must be unique")
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+
+    @classmethod
+    def build(cls, captions: Iterable[Sequence[str]], count_threshold: int = COUNT_THRESHOLD) -> Vocabulary:
+        """Words seen at least `count_threshold` times in the (training) captions, most frequent first."""
+        counts = Counter(w for caption in captions for w in caption)
+        kept = sorted((w for w, c in counts.items() if c >= count_threshold), key=lambda w: (-counts[w], w))
+        return cls(kept)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def encode(self, tokens: Sequence[str], max_length: int = MAX_LENGTH) -> list[int]:
+        """`<bos>`, at most `max_length` words (unknown → `<unk>`), `<eos>`."""
+        ids = [self.index.get(t, self.unk_id) for t in tokens[:max_length]]
+        return [self.bos_id, *ids, self.eos_id]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Words up to the first `<eos>`, skipping `<bos>`/`<pad>`."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id:
+                break
+            if i in (self.pad_id, self.bos_id):
+                continue
+            words.append(self.words[i])
+        return " ".join(words)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"words": self.words}, indent=0), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        data = _load_json(path)
+        words = data.get("words") if isinstance(data, dict) else None
+        if not isinstance(words, list) or list(words[: len(SPECIAL_TOKENS)]) != list(SPECIAL_TOKENS):
+            raise CaptionDataError(
+                f"{path}: not a caption vocabulary (expected 'words' starting {SPECIAL_TOKENS})"
+            )
+        return cls(words[len(SPECIAL_TOKENS) :])
