@@ -12,8 +12,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from model import LxmertConfig, LxmertForNLVR2, LxmertForQuestionAnswering
-from model.checkpoint import CONFIG_NAME, FORMAT, read_checkpoint
+from model import (
+    CONFIG_NAME,
+    FORMAT,
+    LxmertConfig,
+    LxmertForNLVR2,
+    LxmertForQuestionAnswering,
+    read_checkpoint,
+)
 from pipelines.answers import ANSWERS_FILE, AnswerTable
 from pipelines.finetune_data import (
     NLVR2Dataset,

@@ -20,7 +20,7 @@ from pipelines.trainer import TrainConfig, fit, latest_checkpoint
 from storage import FeatureReader
 
 if TYPE_CHECKING:
-    from model.pretraining import PreTrainingOutput
+    from model import PreTrainingOutput
 
 log = logging.getLogger(__name__)
 

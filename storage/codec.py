@@ -1,4 +1,8 @@
-"""One record as bytes: a 32-byte little-endian header, the image id, then raw arrays (see FORMAT.md)."""
+"""One record as bytes: a 32-byte little-endian header, the image id, then raw arrays (see FORMAT.md).
+
+Layout 1 has no class distribution; layout 2 adds an 8-byte extension after the header (the number of
+classes C) and the float16 (N, C) `class_probs` after the features. Records without class
+probabilities are written in layout 1, so they stay byte-identical to older stores."""
 
 from __future__ import annotations
 
@@ -9,14 +13,16 @@ import zlib
 import numpy as np
 
 from storage.errors import CorruptRecordError
-from storage.records import RegionFeatures
+from storage.records import CLASS_PROBS_DTYPE, RegionFeatures
 
 MAGIC = b"XMRF"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # the newest layout this code reads and writes
+CLASS_PROBS_LAYOUT = 2  # the first layout with the class-distribution extension
 # magic, layout version, feature dtype code, id length, num_boxes, feature_dim, img_h, img_w,
 # value length, crc32 of the value without its crc field
 HEADER = struct.Struct("<4sBBHIIIIII")
 CRC_OFFSET = HEADER.size - 4
+EXTENSION = struct.Struct("<II")  # layout 2: number of classes C (0 = no class_probs), reserved (0)
 DTYPE_CODES = {"float16": 1, "float32": 2}
 MAX_ID_BYTES = 511  # the longest image id, in UTF-8 bytes: LMDB's key limit, as the store's keys are ids
 _CODE_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in DTYPE_CODES.items()}
@@ -37,16 +43,20 @@ def _id_span(id_len: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _layout(id_len: int, num_boxes: int, feature_dim: int, code: int) -> tuple[tuple, int]:
+def _layout(version: int, id_len: int, num_boxes: int, feature_dim: int, code: int, classes: int) -> tuple:
     """((field, shape, dtype, offset), ...) and the value size, for one record shape."""
-    offset = HEADER.size + _id_span(id_len)
+    offset = HEADER.size + (EXTENSION.size if version >= CLASS_PROBS_LAYOUT else 0) + _id_span(id_len)
     fields = []
     for name, dt, per_box in _FIXED_ARRAYS:
         fields.append((name, (num_boxes, per_box) if per_box > 1 else (num_boxes,), dt, offset))
         offset += num_boxes * per_box * dt.itemsize
     feature_dtype = _CODE_DTYPES[code]
     fields.append(("features", (num_boxes, feature_dim), feature_dtype, offset))
-    return tuple(fields), offset + num_boxes * feature_dim * feature_dtype.itemsize
+    offset += num_boxes * feature_dim * feature_dtype.itemsize
+    if classes:
+        fields.append(("class_probs", (num_boxes, classes), CLASS_PROBS_DTYPE, offset))
+        offset += num_boxes * classes * CLASS_PROBS_DTYPE.itemsize
+    return tuple(fields), offset
 
 
 def encode(rec: RegionFeatures, dtype: str = "float16") -> bytearray:
@@ -57,9 +67,15 @@ def encode(rec: RegionFeatures, dtype: str = "float16") -> bytearray:
             f"record {rec.img_id!r}: img_id is {len(key)} bytes long; LMDB keys hold at most {MAX_ID_BYTES}"
         )
     n, d = rec.features.shape
-    fields, size = _layout(len(key), n, d, DTYPE_CODES[dtype])
+    classes = rec.class_probs.shape[1] if rec.class_probs is not None else 0
+    version = CLASS_PROBS_LAYOUT if classes else 1
+    fields, size = _layout(version, len(key), n, d, DTYPE_CODES[dtype], classes)
     out = bytearray(size)
-    out[HEADER.size : HEADER.size + len(key)] = key
+    id_at = HEADER.size
+    if classes:
+        EXTENSION.pack_into(out, HEADER.size, classes, 0)
+        id_at += EXTENSION.size
+    out[id_at : id_at + len(key)] = key
     for name, shape, dt, offset in fields:
         src = getattr(rec, name)
         if dt.kind == "f" and not np.isfinite(src).all():
@@ -76,7 +92,7 @@ def encode(rec: RegionFeatures, dtype: str = "float16") -> bytearray:
         out,
         0,
         MAGIC,
-        LAYOUT_VERSION,
+        version,
         DTYPE_CODES[dtype],
         len(key),
         n,
@@ -98,7 +114,7 @@ def checksum(value) -> int:
 
 def read_header(value, key: bytes | None = None) -> tuple:
     """Unpack and sanity-check the header: (dtype, id_len, num_boxes, feature_dim, img_h, img_w, crc)."""
-    code, id_len, n, d, h, w, crc, _ = _parse_header(value, key)
+    code, id_len, n, d, h, w, crc, _, _ = _parse_header(value, key)
     return _CODE_DTYPES[code], id_len, n, d, h, w, crc
 
 
@@ -117,13 +133,19 @@ def _parse_header(value, key: bytes | None) -> tuple:
         )
     if code not in _CODE_DTYPES:
         raise CorruptRecordError(f"{_where(key)}: unknown feature dtype code {code}")
-    fields, expected = _layout(id_len, n, d, code)
+    classes, id_at = 0, HEADER.size
+    if version >= CLASS_PROBS_LAYOUT:
+        if len(value) < HEADER.size + EXTENSION.size:
+            raise CorruptRecordError(f"{_where(key)}: value ends inside the layout {version} header")
+        classes, _ = EXTENSION.unpack_from(value, HEADER.size)
+        id_at += EXTENSION.size
+    fields, expected = _layout(version, id_len, n, d, code, classes)
     if length != len(value) or expected != len(value):
         raise CorruptRecordError(
             f"{_where(key)}: value is {len(value)} bytes but its header describes {expected} "
             f"(recorded {length})"
         )
-    return code, id_len, n, d, h, w, crc, fields
+    return code, id_len, n, d, h, w, crc, fields, id_at
 
 
 def _where(key: bytes | None) -> str:
@@ -132,8 +154,8 @@ def _where(key: bytes | None) -> str:
 
 def decode(value, key: bytes | None = None) -> RegionFeatures:
     """Arrays are views into `value` (no copy): keep `value` alive and unchanged while they are used."""
-    _, id_len, _, _, h, w, _, fields = _parse_header(value, key)
-    img_id = bytes(value[HEADER.size : HEADER.size + id_len]).decode("utf-8")
+    _, id_len, _, _, h, w, _, fields, id_at = _parse_header(value, key)
+    img_id = bytes(value[id_at : id_at + id_len]).decode("utf-8")
     # np.ndarray over the buffer is a view like np.frombuffer, at a third of its call overhead
     return RegionFeatures(
         img_id, h, w, **{name: np.ndarray(shape, dt, value, offset) for name, shape, dt, offset in fields}

@@ -12,7 +12,7 @@ import numpy as np
 
 from storage.errors import BadInputError
 from storage.reader import FeatureReader
-from storage.records import RegionFeatures
+from storage.records import CLASS_PROBS_DTYPE, UNKNOWN_LABEL, RegionFeatures
 
 H5_FORMAT = "xmodal-region-features-h5"
 H5_FORMAT_VERSION = 1
@@ -63,7 +63,11 @@ def _read_xmodal(f: h5py.File, path: Path) -> Iterator[tuple[str, RegionFeatures
         block = {name: f[name][start:stop] for name in ("img_h", "img_w", "num_boxes", *_LABEL_FIELDS)}
         block["boxes"] = f["image_bb"][start:stop]
         block["features"] = f["image_features"][start:stop]
+        if "class_probs" in f:
+            block["class_probs"] = f["class_probs"][start:stop]
+            block["has_class_probs"] = f["has_class_probs"][start:stop]
         block_ids = ids[start:stop]
+        probs, has_probs = block.get("class_probs"), block.get("has_class_probs")
         for i in range(stop - start):
             where = f"{path} row {start + i} (id {block_ids[i]!r})"
             n = int(block["num_boxes"][i])
@@ -79,6 +83,7 @@ def _read_xmodal(f: h5py.File, path: Path) -> Iterator[tuple[str, RegionFeatures
                     boxes=block["boxes"][i, :n],
                     features=block["features"][i, :n],
                     **{name: block[name][i, :n] for name in _LABEL_FIELDS},
+                    class_probs=probs[i, :n] if has_probs is not None and has_probs[i] else None,
                 ),
             )
 
@@ -119,10 +124,10 @@ def _read_butd(
                     img_w=size[1],
                     boxes=boxes,
                     features=features,
-                    # no detector labels in this layout: class 0 at confidence 0 weighs nothing in a loss
-                    objects_id=np.zeros(n, np.int64),
+                    # no detector labels in this layout: unknown, at confidence 0
+                    objects_id=np.full(n, UNKNOWN_LABEL, np.int64),
                     objects_conf=np.zeros(n, np.float32),
-                    attrs_id=np.zeros(n, np.int64),
+                    attrs_id=np.full(n, UNKNOWN_LABEL, np.int64),
                     attrs_conf=np.zeros(n, np.float32),
                 ),
             )
@@ -172,8 +177,9 @@ def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> dict[in
 
 
 def export_hdf5(src: FeatureReader, dst: str | os.PathLike, dtype: str = "float32") -> int:
-    """Padded (N, max_boxes, ...) datasets under the bottom-up-attention-vqa names plus every record field;
-    written to a temporary name and renamed at the end."""
+    """Padded (N, max_boxes, ...) datasets under the bottom-up-attention-vqa names plus every record field,
+    and the id -> row map as `<stem>_imgid2idx.json` beside it; both written to temporary names and
+    renamed at the end."""
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".partial")
     ids = list(src.keys())
@@ -201,6 +207,21 @@ def export_hdf5(src: FeatureReader, dst: str | os.PathLike, dtype: str = "float3
             rec = src[img_id]
             k = rec.num_boxes
             out["img_h"][row], out["img_w"][row], out["num_boxes"][row] = rec.img_h, rec.img_w, k
+            if rec.class_probs is not None:
+                if "class_probs" not in out:
+                    # created at the first record that has them: (n, M, C) float16 and a per-row flag
+                    c = rec.class_probs.shape[1]
+                    out["class_probs"] = f.create_dataset(
+                        "class_probs", (n, m, c), CLASS_PROBS_DTYPE, chunks=(1, m, c)
+                    )
+                    out["has_class_probs"] = f.create_dataset("has_class_probs", (n,), "u1")
+                if rec.class_probs.shape[1] != out["class_probs"].shape[2]:
+                    raise ValueError(
+                        f"record {img_id!r}: class_probs over {rec.class_probs.shape[1]} classes but earlier "
+                        f"records have {out['class_probs'].shape[2]}: one HDF5 file holds one class count"
+                    )
+                out["has_class_probs"][row] = 1
+                out["class_probs"][row, :k] = rec.class_probs
             if not k:
                 continue
             out["image_bb"][row, :k] = rec.boxes
@@ -208,7 +229,13 @@ def export_hdf5(src: FeatureReader, dst: str | os.PathLike, dtype: str = "float3
             out["image_features"][row, :k] = rec.features
             for name in _LABEL_FIELDS:
                 out[name][row, :k] = getattr(rec, name)
+    id_map = Path(f"{dst.with_suffix('')}_imgid2idx.json")
+    id_map_tmp = id_map.with_name(id_map.name + ".partial")
+    id_map_tmp.write_text(
+        json.dumps({img_id: row for row, img_id in enumerate(ids)}) + "\n", encoding="utf-8"
+    )
     os.replace(tmp, dst)
+    os.replace(id_map_tmp, id_map)
     return n
 
 

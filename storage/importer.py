@@ -24,6 +24,7 @@ _EMPTY_HELD_BACK = 10_000
 class ImportReport:
     written: int = 0
     already_present: int = 0  # ids the store held before this run (a rerun resumes)
+    unlabelled: int = 0  # records written without detector labels (UNKNOWN_LABEL ids)
     bad: list[str] = field(default_factory=list)  # one message per skipped line or row
 
 
@@ -67,6 +68,7 @@ def import_records(
             return
         report.written += written
         report.already_present += not written
+        report.unlabelled += written and not checked.labels_known
 
     def release_held(dim: int) -> None:
         for where, rec in held:
@@ -103,6 +105,9 @@ def import_records(
             writer = FeatureWriter(
                 dst, feature_dim=feature_dim, max_boxes=max_boxes, dtype=dtype, replace=replace
             )
+        labels = (
+            "absent" if report.unlabelled == report.written else "partial" if report.unlabelled else "present"
+        )
         writer.update_meta(
             {
                 "imported_from": {
@@ -111,10 +116,15 @@ def import_records(
                     "already_present": report.already_present,
                     "skipped_bad": len(report.bad),
                     "bad": report.bad[:_BAD_KEPT_IN_META],
+                    "labels": labels if report.written else "none written",
                     **(provenance or {}),
                 }
             }
         )
+        if report.unlabelled:
+            # kept across imports: how many records of the store carry no detector labels
+            before = writer.meta["provenance"].get("unlabelled_records", 0)
+            writer.update_meta({"unlabelled_records": before + report.unlabelled})
     finally:
         if writer is not None:
             writer.close()

@@ -11,7 +11,9 @@ from pathlib import Path
 from storage.errors import StoreFormatError
 
 FORMAT_NAME = "xmodal-region-features"
-FORMAT_VERSION = 1
+# 2: records may carry `class_probs` (record layout 2); version 1 stores are read unchanged
+FORMAT_VERSION = 2
+CLASS_PROBS_FORMAT_VERSION = 2  # the first store version whose records may carry class_probs
 RECORDS_DB = b"records"
 META_DB = b"meta"
 META_KEY = b"meta"

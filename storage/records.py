@@ -15,6 +15,9 @@ ARRAY_FIELDS: dict[str, tuple[np.dtype, int]] = {
     "attrs_id": (np.dtype("<i8"), 1),
     "attrs_conf": (np.dtype("<f4"), 1),
 }
+# objects_id / attrs_id of a region whose detector labels the source did not carry (its confidence is 0)
+UNKNOWN_LABEL = -1
+CLASS_PROBS_DTYPE = np.dtype("<f2")  # stored dtype of the optional per-region class distribution
 
 
 @dataclass
@@ -30,6 +33,9 @@ class RegionFeatures:
     objects_conf: np.ndarray
     attrs_id: np.ndarray
     attrs_conf: np.ndarray
+    # the detector's distribution over its classes per region (N, C), background included (C = 1601 for
+    # the VG detector); None when not extracted or read from an older store
+    class_probs: np.ndarray | None = None
     extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -39,6 +45,11 @@ class RegionFeatures:
     @property
     def feature_dim(self) -> int:
         return int(self.features.shape[1])
+
+    @property
+    def labels_known(self) -> bool:
+        """False when the source carried no detector labels (ids are UNKNOWN_LABEL)."""
+        return not (self.objects_id.size and (self.objects_id == UNKNOWN_LABEL).all())
 
     def validate(self, feature_dim: int | None = None, max_boxes: int | None = None) -> None:
         """Raise ValueError naming the record and the field when shapes disagree."""
@@ -72,3 +83,15 @@ class RegionFeatures:
         for name in ("boxes", "features", "objects_conf", "attrs_conf"):
             if getattr(self, name).dtype.kind != "f":
                 raise ValueError(f"{where}: {name} must hold floats, got {getattr(self, name).dtype}")
+        if self.class_probs is not None:
+            self._validate_class_probs(where, n)
+
+    def _validate_class_probs(self, where: str, n: int) -> None:
+        probs = self.class_probs
+        if not isinstance(probs, np.ndarray) or probs.ndim != 2 or probs.dtype.kind != "f":
+            raise ValueError(f"{where}: class_probs must be a float array N x classes, or None")
+        if probs.shape[0] != n or probs.shape[1] == 0:
+            raise ValueError(f"{where}: class_probs has shape {probs.shape} for {n} boxes")
+        # probabilities: float16 keeps [0, 1] to 3 decimals, anything else (logits) would not survive
+        if probs.size and not (np.isfinite(probs).all() and probs.min() >= 0 and probs.max() <= 1.001):
+            raise ValueError(f"{where}: class_probs must be probabilities in [0, 1] (softmax, not logits)")

@@ -1,9 +1,11 @@
-"""The LXMERT feature TSV: no header, ten tab-separated fields, arrays as base64 of little-endian bytes."""
+"""Feature TSVs: LXMERT's ten fields and bottom-up-attention's six (`generate_tsv.py`), no header, arrays
+as base64 of little-endian bytes; the layout is told by the field count of the first line."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +14,9 @@ import numpy as np
 
 from storage.errors import BadInputError
 from storage.reader import FeatureReader
-from storage.records import RegionFeatures
+from storage.records import UNKNOWN_LABEL, RegionFeatures
 
+log = logging.getLogger(__name__)
 TSV_FIELDS = (
     "img_id",
     "img_h",
@@ -26,6 +29,12 @@ TSV_FIELDS = (
     "boxes",
     "features",
 )
+# bottom-up-attention's tools/generate_tsv.py: width before height, no detector labels
+BUTD_TSV_FIELDS = ("img_id", "img_w", "img_h", "num_boxes", "boxes", "features")
+LAYOUTS = {
+    len(TSV_FIELDS): ("lxmert", TSV_FIELDS),
+    len(BUTD_TSV_FIELDS): ("bottom-up-attention", BUTD_TSV_FIELDS),
+}
 # base64 field: (dtype, values per box; 0 = the feature width, inferred)
 _ARRAYS = {
     "objects_id": (np.dtype("<i8"), 1),
@@ -37,27 +46,56 @@ _ARRAYS = {
 }
 
 
+def tsv_layout(path: str | os.PathLike) -> str:
+    """ "lxmert" (10 fields) or "bottom-up-attention" (6 fields), from the first non-blank line."""
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                fields = line.rstrip(b"\r\n").split(b"\t")
+                return _layout_of(fields, _where(path, lineno, fields))[0]
+    raise BadInputError(f"{path}: the file is empty")
+
+
+def _layout_of(fields: list[bytes], where: str) -> tuple[str, tuple[str, ...]]:
+    if len(fields) not in LAYOUTS:
+        expected = "; ".join(
+            f"{len(names)} for {name} ({', '.join(names)})" for name, names in LAYOUTS.values()
+        )
+        raise BadInputError(
+            f"{where}: {len(fields)} tab-separated fields, an unknown feature TSV layout; expected {expected}"
+        )
+    return LAYOUTS[len(fields)]
+
+
+def _where(path: str | os.PathLike, lineno: int, fields: list[bytes]) -> str:
+    return f"{path} line {lineno} (id {fields[0].decode('utf-8', 'replace')!r})"
+
+
 def read_tsv(path: str | os.PathLike) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
-    """Stream (where, record or error) line by line; blank lines are skipped like csv.DictReader does."""
+    """Stream (where, record or error) line by line; blank lines are skipped like csv.DictReader does.
+    The first line fixes the layout; bottom-up-attention records get UNKNOWN_LABEL ids at confidence 0."""
+    names: tuple[str, ...] | None = None
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip(b"\r\n")
             if not line.strip():
                 continue
             fields = line.split(b"\t")
-            img_id = fields[0].decode("utf-8", "replace")
-            where = f"{path} line {lineno} (id {img_id!r})"
-            if len(fields) != len(TSV_FIELDS):
-                hint = " (truncated line?)" if len(fields) < len(TSV_FIELDS) else ""
+            where = _where(path, lineno, fields)
+            if names is None:
+                names = _layout_of(fields, where)[1]
+            if len(fields) != len(names):
+                hint = " (truncated line?)" if len(fields) < len(names) else ""
                 yield (
                     where,
                     BadInputError(
-                        f"{where}: expected {len(TSV_FIELDS)} tab-separated fields, got {len(fields)}{hint}"
+                        f"{where}: expected {len(names)} tab-separated fields, got {len(fields)}{hint} "
+                        f"(the file's first line has {len(names)})"
                     ),
                 )
                 continue
             try:
-                yield where, _parse(dict(zip(TSV_FIELDS, fields, strict=True)))
+                yield where, _parse(dict(zip(names, fields, strict=True)))
             except (BadInputError, ValueError, UnicodeDecodeError) as exc:
                 yield where, BadInputError(f"{where}: {exc}")
 
@@ -74,6 +112,11 @@ def _parse(fields: dict[str, bytes]) -> RegionFeatures:
         raise BadInputError(f"num_boxes is negative ({n})")
     arrays = {}
     for name, (dtype, per_box) in _ARRAYS.items():
+        if name not in fields:
+            # bottom-up-attention's layout: the labels are unknown, not class 0
+            unknown = np.full(n, UNKNOWN_LABEL, np.int64) if dtype.kind == "i" else np.zeros(n, np.float32)
+            arrays[name] = unknown
+            continue
         try:
             raw = base64.b64decode(fields[name], validate=True)
         except binascii.Error as exc:
@@ -93,11 +136,14 @@ def _parse(fields: dict[str, bytes]) -> RegionFeatures:
     )
 
 
-def export_tsv(src: FeatureReader, dst: str | os.PathLike) -> int:
-    """Write every record as the LXMERT loader reads it (features float32); atomically renamed at the end."""
+def export_tsv(src: FeatureReader, dst: str | os.PathLike, skip_empty: bool = False) -> int:
+    """Write every record as the LXMERT loader reads it (features float32); atomically renamed at the end.
+
+    A record without boxes is refused (LXMERT's loader cannot reshape its empty features), or skipped
+    with a warning when `skip_empty`. Returns the number of records written."""
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".partial")
-    count = 0
+    count, skipped = 0, []
     with open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for img_id in src:
             if any(c in img_id for c in "\t\r\n") or img_id.startswith('"'):
@@ -105,9 +151,22 @@ def export_tsv(src: FeatureReader, dst: str | os.PathLike) -> int:
                 raise ValueError(
                     f"record {img_id!r}: an id with tabs, newlines or a leading quote cannot go in a TSV"
                 )
-            f.write(format_line(src[img_id]))
+            rec = src[img_id]
+            if not rec.num_boxes:
+                if not skip_empty:
+                    tmp.unlink()
+                    raise ValueError(
+                        f"record {img_id!r} has no boxes, which LXMERT's TSV loader cannot read "
+                        f"(nothing written to {dst}); rerun with --skip-empty to leave such records out"
+                    )
+                log.warning("record %r has no boxes: left out of %s", img_id, dst)
+                skipped.append(img_id)
+                continue
+            f.write(format_line(rec))
             count += 1
     os.replace(tmp, dst)
+    if skipped:
+        log.warning("%s: %d records without boxes left out (first: %r)", dst, len(skipped), skipped[0])
     return count
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lmdb
 
-from storage import codec
+from storage import codec, metadata
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release
 from storage.records import RegionFeatures
@@ -96,6 +96,10 @@ class FeatureWriter:
         rec.validate(feature_dim=self.feature_dim, max_boxes=self.max_boxes)
         if not self.replace and rec.img_id in self:
             return False
+        if rec.class_probs is not None:  # a version 1 store that gets a layout 2 record becomes version 2
+            self.meta["format_version"] = max(
+                self.meta["format_version"], metadata.CLASS_PROBS_FORMAT_VERSION
+            )
         return self.put_encoded(rec.img_id, codec.encode(rec, self.dtype))
 
     def put_encoded(self, img_id: str, value: bytes | bytearray) -> bool:

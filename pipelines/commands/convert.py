@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _convert_lxmert(args: argparse.Namespace) -> None:
-    from model.convert import convert_lxmert
+    from model import convert_lxmert
     from pipelines.answers import ANSWERS_FILE, AnswerTable
 
     table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing

@@ -74,8 +74,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _add_import(sub) -> None:
-    p = sub.add_parser("import", help="LXMERT .tsv or HDF5 (.h5/.hdf5) -> store")
-    p.add_argument("src", help="LXMERT feature TSV, bottom-up-attention-vqa HDF5, or an xmodal HDF5 export")
+    p = sub.add_parser("import", help="feature .tsv or HDF5 (.h5/.hdf5) -> store")
+    p.add_argument(
+        "src",
+        help="feature TSV (LXMERT's 10 fields or bottom-up-attention's 6, told apart per file), "
+        "bottom-up-attention-vqa HDF5, or an xmodal HDF5 export",
+    )
     p.add_argument("dst", help="store directory (created, or appended to: ids it holds are skipped)")
     p.add_argument("--format", choices=("tsv", "hdf5"), help="source format (default: from the extension)")
     p.add_argument(
@@ -97,7 +101,7 @@ def _import(args: argparse.Namespace) -> int:
     from storage.hdf5 import hdf5_max_boxes, read_hdf5
     from storage.importer import import_records
     from storage.info import describe
-    from storage.tsv import read_tsv
+    from storage.tsv import read_tsv, tsv_layout
 
     fmt = args.format or _format_of(args.src)
     if args.ids and fmt != "hdf5":
@@ -118,7 +122,7 @@ def _import(args: argparse.Namespace) -> int:
         feature_dim=args.feature_dim or feature_dim,
         skip_bad=args.skip_bad,
         replace=args.replace,
-        provenance={"format": fmt},
+        provenance={"format": fmt, **({"layout": tsv_layout(args.src)} if fmt == "tsv" else {})},
     )
     print(
         f"{args.dst}: {report.written} records written, {report.already_present} already present, "
@@ -133,6 +137,11 @@ def _add_export(sub) -> None:
     p.add_argument("dst", help="output .tsv, .h5 or .hdf5 file")
     p.add_argument("--format", choices=("tsv", "hdf5"), help="output format (default: from the extension)")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float32", help="HDF5 feature dtype")
+    p.add_argument(
+        "--skip-empty",
+        action="store_true",
+        help="TSV only: leave out records without boxes (refused otherwise)",
+    )
     p.set_defaults(_action=_export)
 
 
@@ -142,8 +151,13 @@ def _export(args: argparse.Namespace) -> int:
     from storage.tsv import export_tsv
 
     fmt = args.format or _format_of(args.dst)
+    if args.skip_empty and fmt != "tsv":
+        raise SystemExit("--skip-empty applies to TSV exports only")
     reader = FeatureReader(args.src)
-    count = export_tsv(reader, args.dst) if fmt == "tsv" else export_hdf5(reader, args.dst, dtype=args.dtype)
+    if fmt == "tsv":
+        count = export_tsv(reader, args.dst, skip_empty=args.skip_empty)
+    else:
+        count = export_hdf5(reader, args.dst, dtype=args.dtype)
     print(f"{args.dst}: {count} records exported ({fmt})")
     return 0
 

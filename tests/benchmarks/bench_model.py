@@ -24,8 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from model import LxmertConfig, LxmertForPreTraining  # noqa: E402
-from model.convert import to_hf_state  # noqa: E402
+from model import LxmertConfig, LxmertForPreTraining, to_hf_state  # noqa: E402
 
 HF_FIELDS = (
     "vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "l_layers", "r_layers",

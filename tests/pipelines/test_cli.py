@@ -48,8 +48,7 @@ def release_file(tmp_path_factory):
     """A tiny pre-training checkpoint in the original release layout (`module.bert.*`), 4 QA answers."""
     import torch
 
-    from model import LxmertConfig, LxmertForPreTraining
-    from model.convert import to_hf_state
+    from model import LxmertConfig, LxmertForPreTraining, to_hf_state
 
     cfg = LxmertConfig.preset("tiny", vocab_size=30, visual_feat_dim=8, num_qa_labels=4)
     torch.manual_seed(0)

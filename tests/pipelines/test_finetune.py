@@ -317,7 +317,7 @@ def test_task_seeds_the_head_from_the_init_directory(problem):
 
 def test_release_checkpoint_converted_with_its_answer_table_seeds_the_head(problem, tmp_path, caplog):
     """Epoch20_LXRT.pth + all_ans.json -> `xmodal convert lxmert --answers` -> `finetune --init` seeds."""
-    from model.convert import to_hf_state
+    from model import to_hf_state
 
     source = LxmertForPreTraining.from_pretrained(problem["init"])
     with torch.no_grad():

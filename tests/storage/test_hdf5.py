@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -13,6 +15,7 @@ from pipelines.cli import main
 from storage import BadInputError, FeatureReader, FeatureWriter
 from storage.hdf5 import read_hdf5
 from storage.importer import import_records
+from storage.records import UNKNOWN_LABEL
 
 
 def write_butd(path, recs, adaptive=False):
@@ -46,6 +49,7 @@ def check_butd_import(dst, recs, same):
         np.testing.assert_array_equal(got.features, rec.features.astype(np.float16))
         assert not got.objects_conf.any() and not got.attrs_conf.any()
         assert got.objects_id.shape == (rec.num_boxes,)
+        assert (got.objects_id == UNKNOWN_LABEL).all() and (got.attrs_id == UNKNOWN_LABEL).all()
 
 
 @pytest.mark.parametrize("form", ["imgid2idx_json", "ids_txt", "ids_json_list", "explicit"])
@@ -123,3 +127,70 @@ def test_unknown_hdf5_layout_is_named(tmp_path):
         f["something"] = np.zeros(3)
     with pytest.raises(BadInputError, match="something"):
         list(read_hdf5(tmp_path / "x.h5"))
+
+
+# The id map conversion the README gives bottom-up-attention-vqa users (run on their side): xmodal's JSON
+# {id: row} -> their {int image id: row} pickle, protocol 2 for their Python 2 cPickle.
+TO_PICKLE = (
+    "import json, pickle; m = json.load(open('{src}')); "
+    "pickle.dump({{int(k.rsplit('_', 1)[-1]): v for k, v in m.items()}}, open('{dst}', 'wb'), protocol=2)"
+)
+
+
+def test_export_is_read_by_the_bottom_up_attention_vqa_loader(tmp_path, make_record):
+    coco = [42, 9, 139]
+    recs = [make_record(i, img_id=f"COCO_val2014_{c:012d}", feature_dim=32) for i, c in enumerate(coco)]
+    with FeatureWriter(tmp_path / "s", feature_dim=32) as w:
+        for rec in recs:
+            w.put(rec)
+    data = tmp_path / "data"
+    data.mkdir()
+    assert main(["features", "export", str(tmp_path / "s"), str(data / "val36.hdf5")]) == 0
+    id_map = json.loads((data / "val36_imgid2idx.json").read_text())
+    assert sorted(id_map) == sorted(r.img_id for r in recs)
+    src, dst = data / "val36_imgid2idx.json", data / "val36_imgid2idx.pkl"
+    subprocess.run([sys.executable, "-c", TO_PICKLE.format(src=src, dst=dst)], check=True)
+
+    # bottom-up-attention-vqa's dataset.py, restated: the pickle this test just wrote, then whole arrays
+    img_id2idx = pickle.loads(dst.read_bytes())
+    with h5py.File(data / "val36.hdf5", "r") as hf:
+        features = np.array(hf.get("image_features"))
+        spatials = np.array(hf.get("spatial_features"))
+    assert features.dtype == np.float32 and spatials.dtype == np.float32
+    assert features.shape == (3, 36, 32) and spatials.shape == (3, 36, 6)
+    for c, rec in zip(coco, recs, strict=True):
+        row = img_id2idx[c]
+        np.testing.assert_array_equal(features[row], rec.features.astype(np.float16).astype(np.float32))
+        np.testing.assert_allclose(spatials[row, :, 0], rec.boxes[:, 0] / rec.img_w, rtol=1e-6)
+
+
+def test_butd_import_keeps_the_ids_of_the_users_map(tmp_path, make_record, same):
+    ids = ["COCO_train2014_000000000009", "COCO_train2014_000000000025"]
+    recs = [make_record(i, img_id=img_id) for i, img_id in enumerate(ids)]
+    write_butd(tmp_path / "train36.hdf5", recs[::-1])  # rows in the other order
+    (tmp_path / "map.json").write_text(json.dumps({ids[0]: 1, ids[1]: 0}))
+    args = ["features", "import", str(tmp_path / "train36.hdf5"), str(tmp_path / "s"), "--ids"]
+    assert main([*args, str(tmp_path / "map.json")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    assert sorted(r.keys()) == ids  # not "0", "1"
+    check_butd_import(tmp_path / "s", recs, same)
+    assert r.meta["provenance"]["imported_from"]["labels"] == "absent"
+
+
+def test_class_probs_survive_the_own_hdf5_round_trip(tmp_path, make_record, same):
+    recs = [make_record(i, num_boxes=n, feature_dim=8) for i, n in enumerate([4, 0, 6])]
+    recs[0].class_probs = np.full((4, 5), 0.2, np.float32)
+    recs[1].class_probs = np.zeros((0, 5), np.float32)
+    with FeatureWriter(tmp_path / "s", feature_dim=8) as w:
+        for rec in recs:
+            w.put(rec)
+    assert main(["features", "export", str(tmp_path / "s"), str(tmp_path / "out.h5")]) == 0
+    assert main(["features", "import", str(tmp_path / "out.h5"), str(tmp_path / "back")]) == 0
+    r = FeatureReader(tmp_path / "back")
+    for rec in recs:
+        got = r[rec.img_id]
+        same(got, rec)
+        if rec.class_probs is None:
+            assert got.class_probs is None
+        else:
+            np.testing.assert_array_equal(got.class_probs, rec.class_probs.astype(np.float16))

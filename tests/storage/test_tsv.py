@@ -1,4 +1,5 @@
-"""LXMERT TSV: exports read by the original loader's logic, imports stream with precise errors."""
+"""Feature TSVs (LXMERT's and bottom-up-attention's): exports read by the original loader's logic, imports
+stream with precise errors."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from pipelines.cli import main
 from storage import BadInputError, FeatureReader, FeatureWriter
 from storage.importer import import_records
+from storage.records import UNKNOWN_LABEL
 from storage.tsv import export_tsv, read_tsv
 
 # The original LXMERT loader (src/utils.py load_obj_tsv), restated for the test.
@@ -99,9 +101,9 @@ def test_import_of_a_handwritten_tsv_then_export_round_trips(tmp_path, make_reco
     for rec in recs:
         same(r[rec.img_id], rec)
     assert r.meta["provenance"]["imported_from"]["written"] == 4
-    export_tsv(r, tmp_path / "out.tsv")
+    assert export_tsv(r, tmp_path / "out.tsv", skip_empty=True) == 3  # the zero-box record left out
     assert sorted((tmp_path / "out.tsv").read_text().splitlines()) == sorted(
-        tsv_line(x).rstrip("\n") for x in recs
+        tsv_line(x).rstrip("\n") for x in recs if x.num_boxes
     )
 
 
@@ -219,3 +221,98 @@ def test_cli_import_of_empty_records_into_an_existing_store_takes_its_width(tmp_
     assert main(["features", "import", str(tmp_path / "in.tsv"), str(tmp_path / "s")]) == 0
     r = FeatureReader(tmp_path / "s")
     assert len(r) == 2 and r["img_000001"].features.shape == (0, 64)
+
+
+# bottom-up-attention's tools/generate_tsv.py, restated: csv.DictWriter over these six names, base64 of
+# the float32 boxes (N, 4) and pool5 features (N, D); width before height; no labels
+BUTD_FIELDNAMES = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
+
+
+def butd_tsv(path, recs):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, delimiter="\t", fieldnames=BUTD_FIELDNAMES)  # rows end in \r\n
+        for rec in recs:
+            writer.writerow(
+                {
+                    "image_id": rec.img_id,
+                    "image_w": rec.img_w,
+                    "image_h": rec.img_h,
+                    "num_boxes": rec.num_boxes,
+                    "boxes": base64.b64encode(rec.boxes.astype(np.float32).tobytes()).decode(),
+                    "features": base64.b64encode(rec.features.astype(np.float32).tobytes()).decode(),
+                }
+            )
+
+
+def test_bottom_up_attention_tsv_imports_with_unknown_labels(tmp_path, make_record):
+    recs = [make_record(i, num_boxes=n, img_id=str(9000 + i)) for i, n in enumerate([36, 10, 20])]
+    assert all(r.img_w != r.img_h for r in recs)  # a swapped width/height would show
+    butd_tsv(tmp_path / "trainval_36.tsv", recs)
+    assert main(["features", "import", str(tmp_path / "trainval_36.tsv"), str(tmp_path / "s")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    for rec in recs:
+        got = r[rec.img_id]
+        assert (got.img_h, got.img_w) == (rec.img_h, rec.img_w)
+        np.testing.assert_array_equal(got.boxes, rec.boxes)
+        np.testing.assert_array_equal(got.features, rec.features.astype(np.float16))
+        # never invented: every label is the unknown id at confidence 0
+        assert (got.objects_id == UNKNOWN_LABEL).all() and (got.attrs_id == UNKNOWN_LABEL).all()
+        assert not got.objects_conf.any() and not got.attrs_conf.any()
+        assert not got.labels_known
+    provenance = r.meta["provenance"]
+    assert provenance["imported_from"]["layout"] == "bottom-up-attention"
+    assert provenance["imported_from"]["labels"] == "absent"
+    assert provenance["unlabelled_records"] == 3
+
+
+def test_labelled_and_unlabelled_imports_add_up_in_the_metadata(tmp_path, make_record):
+    (tmp_path / "lxmert.tsv").write_text(tsv_line(make_record(0)))
+    butd_tsv(tmp_path / "butd.tsv", [make_record(1), make_record(2)])
+    assert main(["features", "import", str(tmp_path / "lxmert.tsv"), str(tmp_path / "s")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    assert r.meta["provenance"]["imported_from"]["labels"] == "present"
+    assert "unlabelled_records" not in r.meta["provenance"]
+    r.close()
+    assert main(["features", "import", str(tmp_path / "butd.tsv"), str(tmp_path / "s")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    assert r["img_000000"].labels_known and not r["img_000001"].labels_known
+    assert r.meta["provenance"]["unlabelled_records"] == 2
+
+
+def test_an_unknown_layout_names_the_fields_it_saw_and_the_layouts_it_knows(tmp_path, make_record, caplog):
+    (tmp_path / "odd.tsv").write_text("\t".join(tsv_line(make_record(0)).split("\t")[:8]) + "\n")
+    assert main(["features", "import", str(tmp_path / "odd.tsv"), str(tmp_path / "s")]) == 1
+    assert "line 1 (id 'img_000000'): 8 tab-separated fields, an unknown feature TSV layout" in caplog.text
+    assert "10 for lxmert (img_id, img_h, img_w, objects_id" in caplog.text
+    assert "6 for bottom-up-attention (img_id, img_w, img_h, num_boxes, boxes, features)" in caplog.text
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_line_of_the_other_layout_is_a_bad_line(tmp_path, make_record):
+    butd_tsv(tmp_path / "in.tsv", [make_record(0)])
+    with open(tmp_path / "in.tsv", "a") as f:
+        f.write(tsv_line(make_record(1)))
+    items = list(read_tsv(tmp_path / "in.tsv"))
+    assert items[0][1].img_id == "img_000000"
+    assert isinstance(items[1][1], BadInputError)
+    assert "line 2 (id 'img_000001'): expected 6 tab-separated fields, got 10" in str(items[1][1])
+
+
+def test_a_record_without_boxes_is_refused_on_export_or_skipped_on_request(tmp_path, make_record, caplog):
+    # the reason: LXMERT's loader cannot reshape the empty features of such a line
+    (tmp_path / "empty.tsv").write_text(tsv_line(make_record(0, num_boxes=0)))
+    with pytest.raises(ValueError, match="reshape"):
+        lxmert_load_obj_tsv(tmp_path / "empty.tsv")
+
+    with FeatureWriter(tmp_path / "s", feature_dim=64) as w:
+        for rec in (make_record(1), make_record(2, num_boxes=0), make_record(3)):
+            w.put(rec)
+    out = tmp_path / "out.tsv"
+    assert main(["features", "export", str(tmp_path / "s"), str(out)]) == 1
+    assert "record 'img_000002' has no boxes" in caplog.text and "--skip-empty" in caplog.text
+    assert not out.exists() and not (tmp_path / "out.tsv.partial").exists()
+
+    caplog.clear()
+    assert main(["features", "export", "--skip-empty", str(tmp_path / "s"), str(out)]) == 0
+    assert "record 'img_000002' has no boxes: left out" in caplog.text
+    assert [item["img_id"] for item in lxmert_load_obj_tsv(out)] == ["img_000001", "img_000003"]

@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
-
-_PRESETS: dict[str, dict[str, Any]] = {
-    # The released model: BERT-base sizes, 9 language / 5 object / 5 cross layers, 9500 answers.
-    "base": {},
-    # Small enough for unit tests and the demo on a laptop CPU.
-    "tiny": {
-        "hidden_size": 64,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "l_layers": 2,
-        "r_layers": 1,
-        "x_layers": 1,
-    },
-}
+from typing import Any, ClassVar
 
 
 @dataclass
 class LxmertConfig:
     """Hyper-parameters of LXMERT; defaults are the released base model (SPEC §2)."""
+
+    # Named configurations for `preset`: field overrides of the defaults below.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # The released model: BERT-base sizes, 9 language / 5 object / 5 cross layers, 9500 answers.
+        "base": {},
+        # Small enough for unit tests and the demo on a laptop CPU.
+        "tiny": {
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "l_layers": 2,
+            "r_layers": 1,
+            "x_layers": 1,
+        },
+    }
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -59,9 +60,9 @@ class LxmertConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> LxmertConfig:
         """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in _PRESETS:
-            raise ValueError(f"unknown LXMERT preset {name!r}; choose one of {sorted(_PRESETS)}")
-        return cls.from_dict({**_PRESETS[name], **overrides})
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown LXMERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
+        return cls.from_dict({**cls.PRESETS[name], **overrides})
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> LxmertConfig:

@@ -1,4 +1,4 @@
-"""Output heads: pooler, masked-LM, object/attribute/feature prediction, and the MLP classifier head."""
+"""LXMERT's pre-training heads: masked-LM over the tied word table, object label / attribute / feature."""
 
 from __future__ import annotations
 
@@ -6,19 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.tied import TiedWords
 from .config import LxmertConfig
-from .tied import TiedWords
-
-
-class Pooler(nn.Module):
-    """`tanh(W h[CLS])`."""
-
-    def __init__(self, cfg: LxmertConfig):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-
-    def forward(self, lang: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(lang[:, 0]))
 
 
 class Transform(nn.Module):
@@ -58,16 +47,3 @@ class ObjectHead(nn.Module):
         self.obj = nn.Linear(cfg.hidden_size, cfg.num_object_labels)
         self.attr = nn.Linear(cfg.hidden_size, cfg.num_attr_labels)
         self.feat = nn.Linear(cfg.hidden_size, cfg.visual_feat_dim)
-
-
-class ClassifierHead(nn.Module):
-    """`Linear(in, hidden) -> GELU -> LN -> Linear(hidden, out)`: the QA answer and NLVR2 pair head."""
-
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, eps: float):
-        super().__init__()
-        self.dense = nn.Linear(in_dim, hidden)
-        self.norm = nn.LayerNorm(hidden, eps=eps)
-        self.classifier = nn.Linear(hidden, out_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.norm(F.gelu(self.dense(x))))

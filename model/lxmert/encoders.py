@@ -1,4 +1,4 @@
-"""Transformer layers: single-modality encoder layers and the cross-modality layer."""
+"""LXMERT's transformer layers: single-modality encoder layers and the cross-modality layer."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MultiHeadAttention, Rows, attention_probs
+from ..layers.attention import MultiHeadAttention, Rows, attention_probs
+from ..layers.dropout import Dropout
 from .config import LxmertConfig
-from .dropout import Dropout
 
 
 def _attention(cfg: LxmertConfig) -> MultiHeadAttention:

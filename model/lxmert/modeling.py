@@ -7,12 +7,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import Rows
-from .checkpoint import PretrainedMixin
+from ..layers.attention import Rows
+from ..layers.heads import Pooler
+from ..layers.init import init_weights
+from ..pretrained import PretrainedMixin
 from .config import LxmertConfig
 from .embeddings import ObjectEmbeddings, TextEmbeddings
 from .encoders import CrossLayer, EncoderLayer
-from .heads import Pooler
 
 
 @dataclass
@@ -25,23 +26,11 @@ class LxmertOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
-def init_weights(module: nn.Module, std: float) -> None:
-    """BERT initialisation: normal(0, std) weights, zero biases, unit LayerNorm."""
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, 0.0, std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding):
-        nn.init.normal_(module.weight, 0.0, std)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-
-
 class Lxmert(PretrainedMixin, nn.Module):
     """The LXMERT backbone: text and object embeddings, 9 + 5 + 5 layers, pooler."""
 
-    backbone_prefix = ""
+    config_class = LxmertConfig
+    base_model_prefix = ""
 
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
@@ -51,7 +40,7 @@ class Lxmert(PretrainedMixin, nn.Module):
         self.lang_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.l_layers))
         self.object_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.r_layers))
         self.cross_layers = nn.ModuleList(CrossLayer(cfg) for _ in range(cfg.x_layers))
-        self.pooler = Pooler(cfg)
+        self.pooler = Pooler(cfg.hidden_size)
         self.apply(lambda m: init_weights(m, cfg.initializer_range))
 
     def forward(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import Lxmert, LxmertConfig, LxmertForPreTraining, LxmertForQuestionAnswering
-from model.convert import from_hf_state, to_hf_state
+from model.lxmert.convert import from_hf_state, to_hf_state
 
 transformers = pytest.importorskip("transformers")
 ATOL = 1e-5

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import LxmertConfig, LxmertForPreTraining
-from model.convert import convert_lxmert
+from model.lxmert.convert import convert_lxmert
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""save_pretrained / from_pretrained, across classes; conversion of release and HuggingFace checkpoints."""
+"""Conversion of release and HuggingFace LXMERT checkpoints to xmodal directories, and back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pickle
 import pytest
 import torch
 
-from model import Lxmert, LxmertForNLVR2, LxmertForPreTraining, LxmertForQuestionAnswering
-from model.convert import convert_lxmert, from_hf_state, to_hf_state
+from model import LxmertForNLVR2, LxmertForPreTraining, LxmertForQuestionAnswering
+from model.lxmert.convert import convert_lxmert, from_hf_state, to_hf_state
 
 
 @pytest.fixture(scope="module")
@@ -25,59 +25,6 @@ def pretrained_dir(cfg, tmp_path_factory):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return model, model.save_pretrained(tmp_path_factory.mktemp("pretrained"))
-
-
-def _backbone_equal(a: Lxmert, b: Lxmert) -> None:
-    sa, sb = a.state_dict(), b.state_dict()
-    assert set(sa) == set(sb)
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
-
-
-def test_save_load_round_trip(pretrained_dir, lx, cfg):
-    model, directory = pretrained_dir
-    assert {p.name for p in directory.iterdir()} == {"config.json", "model.safetensors"}
-    loaded = LxmertForPreTraining.from_pretrained(directory).eval()
-    assert loaded.config == model.config
-    for k, v in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[k], v), k
-    inputs = lx.make_inputs(cfg)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(**inputs).answer_logits, model(**inputs).answer_logits)
-    assert (
-        LxmertForPreTraining.from_pretrained(directory, hidden_dropout_prob=0.3).config.hidden_dropout_prob
-        == 0.3
-    )
-
-
-def test_any_class_loads_any_directory(pretrained_dir, tmp_path, caplog):
-    model, directory = pretrained_dir
-    backbone = Lxmert.from_pretrained(directory)
-    _backbone_equal(backbone, model.lxmert)
-
-    with caplog.at_level(logging.WARNING, logger="model.checkpoint"):
-        qa = LxmertForQuestionAnswering.from_pretrained(directory, num_answers=7)
-    _backbone_equal(qa.lxmert, model.lxmert)
-    assert qa.answer_head.classifier.out_features == 7 and "answer_head.classifier.weight" in caplog.text
-
-    qa_dir = qa.save_pretrained(tmp_path / "qa")
-    again = LxmertForQuestionAnswering.from_pretrained(qa_dir)  # num_answers comes from the directory
-    assert torch.equal(again.answer_head.classifier.weight, qa.answer_head.classifier.weight)
-
-    back = LxmertForPreTraining.from_pretrained(qa_dir)
-    _backbone_equal(back.lxmert, model.lxmert)
-    nlvr2 = LxmertForNLVR2.from_pretrained(backbone.save_pretrained(tmp_path / "backbone"))
-    _backbone_equal(nlvr2.lxmert, model.lxmert)
-    with pytest.raises(TypeError, match="num_answers"):
-        LxmertForQuestionAnswering.from_pretrained(directory)
-
-
-def test_wrong_config_is_refused(pretrained_dir):
-    _, directory = pretrained_dir
-    with pytest.raises(ValueError, match="backbone"):
-        Lxmert.from_pretrained(directory, l_layers=3)
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        Lxmert.from_pretrained(directory / "nowhere")
 
 
 def test_release_pretraining_file_converts(pretrained_dir, tmp_path, lx, cfg):
@@ -120,7 +67,7 @@ def test_unknown_and_missing_keys_are_named(pretrained_dir, cfg, caplog):
     hf_names = to_hf_state(model.state_dict(), cfg, "LxmertForPreTraining")
     extra = {**hf_names, "cls.something_new.weight": torch.zeros(1)}
     del extra["obj_predict_head.decoder_dict.attr.bias"]
-    with caplog.at_level(logging.WARNING, logger="model.convert"):
+    with caplog.at_level(logging.WARNING, logger="model.lxmert.convert"):
         ours = from_hf_state(extra, cfg, "LxmertForPreTraining")
     assert "cls.something_new.weight" in caplog.text and "decoder_dict.attr.bias" in caplog.text
     assert "object_head.attr.bias" not in ours

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.dropout import Dropout, dropout
+from model.layers.dropout import Dropout, dropout
 
 
 def test_drops_at_rate_p_and_scales_the_rest():

@@ -1,4 +1,4 @@
-"""Padding-free row layout and multi-head attention with LXMERT's post-LN residual output."""
+"""Padding-free row layout and multi-head attention with a post-LN residual output (BERT, LXMERT)."""
 
 from __future__ import annotations
 

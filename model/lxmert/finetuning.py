@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import PretrainedMixin
+from ..layers.heads import ClassifierHead
+from ..layers.init import init_weights
+from ..outputs import ClassificationOutput
+from ..pretrained import PretrainedMixin
 from .config import LxmertConfig
-from .heads import ClassifierHead
-from .lxmert import Lxmert, init_weights
+from .modeling import Lxmert
 
 
-@dataclass
-class ClassificationOutput:
-    logits: torch.Tensor
-    loss: torch.Tensor | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
+def region_attention(attentions: tuple[torch.Tensor, ...] | None) -> torch.Tensor | None:
+    """[CLS]'s attention over the regions in the last cross-modality layer, mean over heads: (B, N)."""
+    if attentions is None:
+        return None
+    return attentions[-1][:, :, 0, :].mean(dim=1)
 
 
 class LxmertForQuestionAnswering(PretrainedMixin, nn.Module):
     """Pooled output -> Linear(H, 2H) GELU LN Linear(2H, A); soft-score BCE as the release trains it."""
 
-    backbone_prefix = "lxmert."
+    config_class = LxmertConfig
+    base_model_prefix = "lxmert."
 
     def __init__(self, cfg: LxmertConfig, num_answers: int):
         super().__init__()
@@ -64,13 +65,19 @@ class LxmertForQuestionAnswering(PretrainedMixin, nn.Module):
         loss = None
         if labels is not None:
             loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype)) * logits.shape[-1]
-        return ClassificationOutput(logits=logits, loss=loss, attentions=out.attentions)
+        return ClassificationOutput(
+            logits=logits,
+            loss=loss,
+            attentions=out.attentions,
+            region_attention=region_attention(out.attentions),
+        )
 
 
 class LxmertForNLVR2(PretrainedMixin, nn.Module):
     """One sentence, two images: pooled(s, img0) ⊕ pooled(s, img1) -> Linear(2H, 2H) GELU LN Linear(2H, 2)."""
 
-    backbone_prefix = "lxmert."
+    config_class = LxmertConfig
+    base_model_prefix = "lxmert."
 
     def __init__(self, cfg: LxmertConfig):
         super().__init__()
@@ -114,4 +121,9 @@ class LxmertForNLVR2(PretrainedMixin, nn.Module):
         )
         logits = self.pair_head(out.pooled_output.reshape(input_ids.shape[0], -1))
         loss = F.cross_entropy(logits, labels) if labels is not None else None
-        return ClassificationOutput(logits=logits, loss=loss, attentions=out.attentions)
+        regions = region_attention(out.attentions)
+        if regions is not None:
+            regions = regions.reshape(input_ids.shape[0], 2, -1)
+        return ClassificationOutput(
+            logits=logits, loss=loss, attentions=out.attentions, region_attention=regions
+        )

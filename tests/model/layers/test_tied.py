@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model.tied import TiedWords
+from model.layers.tied import TiedWords
 
 
 def _grads(tied: bool, decodes: int):

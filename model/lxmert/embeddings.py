@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..layers.dropout import Dropout
 from .config import LxmertConfig
-from .dropout import Dropout
 
 
 class TextEmbeddings(nn.Module):

@@ -8,11 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import PretrainedMixin
+from ..layers.heads import ClassifierHead
+from ..layers.init import init_weights
+from ..layers.tied import TiedWords
+from ..pretrained import PretrainedMixin
 from .config import LxmertConfig
-from .heads import ClassifierHead, MaskedLMHead, ObjectHead
-from .lxmert import Lxmert, init_weights
-from .tied import TiedWords
+from .heads import MaskedLMHead, ObjectHead
+from .modeling import Lxmert
 
 
 @dataclass
@@ -47,7 +49,8 @@ def _mean_over_labelled(summed: torch.Tensor, count: torch.Tensor | int) -> torc
 class LxmertForPreTraining(PretrainedMixin, nn.Module):
     """LXMERT with masked-LM, matching, object label / attribute / feature and image-QA heads."""
 
-    backbone_prefix = "lxmert."
+    config_class = LxmertConfig
+    base_model_prefix = "lxmert."
 
     def __init__(self, cfg: LxmertConfig):
         super().__init__()

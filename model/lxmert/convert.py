@@ -16,11 +16,17 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from .checkpoint import load_weights, read_checkpoint
+from ..pretrained import Checkpoint, load_weights, read_checkpoint
 from .config import LxmertConfig
-from .registry import model_class
+from .finetuning import LxmertForNLVR2, LxmertForQuestionAnswering
+from .modeling import Lxmert
+from .pretraining import LxmertForPreTraining
 
 log = logging.getLogger(__name__)
+
+_CLASSES = {
+    cls.__name__: cls for cls in (Lxmert, LxmertForPreTraining, LxmertForQuestionAnswering, LxmertForNLVR2)
+}
 
 # xmodal class name <-> HuggingFace class name; NLVR2 has no HuggingFace class.
 HF_ARCHITECTURES = {
@@ -114,7 +120,7 @@ def _classifier(ours: str, hf: str) -> Pairs:
 
 def name_pairs(cfg: LxmertConfig, architecture: str) -> Pairs:
     """(our key, HF keys it is the concatenation of) for every parameter of `architecture`."""
-    prefix = "" if architecture == "Lxmert" else "lxmert."
+    prefix = _prefix(architecture)
     pairs = [(prefix + o, [prefix + h for h in hs]) for o, hs in _backbone_pairs(cfg)]
     if architecture == "LxmertForPreTraining":
         pairs += [("mlm_head.bias", ["cls.predictions.bias"])]
@@ -130,9 +136,18 @@ def name_pairs(cfg: LxmertConfig, architecture: str) -> Pairs:
         pairs += _classifier("answer_head", "answer_head.logit_fc")
     elif architecture == "LxmertForNLVR2":
         pairs += _classifier("pair_head", "answer_head.logit_fc")
-    elif architecture != "Lxmert":
-        raise ValueError(f"unknown LXMERT architecture {architecture!r}")
     return pairs
+
+
+def _lxmert_class(architecture: str) -> type:
+    if architecture not in _CLASSES:
+        raise ValueError(f"{architecture!r} is not an LXMERT class; known: {sorted(_CLASSES)}")
+    return _CLASSES[architecture]
+
+
+def _prefix(architecture: str) -> str:
+    """Where the backbone sits in `architecture`'s keys; HuggingFace nests it the same way."""
+    return _lxmert_class(architecture).base_model_prefix
 
 
 def from_hf_state(
@@ -150,7 +165,7 @@ def from_hf_state(
             continue
         ours[o] = hf[hs[0]] if len(hs) == 1 else torch.cat([hf[h] for h in hs], dim=0)
         used.update(hs)
-    prefix = "" if architecture == "Lxmert" else "lxmert."
+    prefix = _prefix(architecture)
     for alias, original in _TIED:
         alias, original = alias.replace("lxmert.", prefix), original.replace("lxmert.", prefix)
         if alias in hf and original in hf:
@@ -187,13 +202,12 @@ def to_hf_state(
     return hf
 
 
-def read_huggingface_dir(
-    directory: Path,
-) -> tuple[str, dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
-    """(xmodal architecture, config dict, constructor kwargs, our state dict) from a HuggingFace directory."""
+def read_huggingface_dir(directory: Path) -> Checkpoint | None:
+    """(xmodal architecture, config dict, constructor kwargs, our state dict) from a HuggingFace LXMERT
+    directory; None when `directory` holds another kind of model."""
     meta = json.loads((directory / "config.json").read_text())
-    if meta.get("model_type") != "lxmert":
-        raise ValueError(f"{directory}/config.json is neither an xmodal nor a HuggingFace LXMERT config")
+    if not isinstance(meta, dict) or meta.get("model_type") != "lxmert":
+        return None
     act = meta.get("hidden_act", "gelu")
     if act != "gelu":
         raise ValueError(
@@ -350,14 +364,16 @@ def convert_lxmert(
     src, dst = Path(src), Path(dst_dir)
     if src.is_dir():
         architecture, cfg_dict, kwargs, state = read_checkpoint(src)
+        if architecture not in _CLASSES:
+            raise ValueError(f"{src} holds a {architecture}, not an LXMERT model: convert it with its family")
         cfg = LxmertConfig.from_dict(cfg_dict)
     elif src.is_file():
         architecture, cfg, kwargs, state = read_release_file(src, num_attention_heads)
     else:
         raise FileNotFoundError(f"{src} does not exist: give a release .pth file or a checkpoint directory")
 
-    model = model_class(architecture)(cfg, **kwargs)
-    load_weights(model, state, architecture, source=str(src))
+    model = _CLASSES[architecture](cfg, **kwargs)
+    load_weights(model, state, model.base_model_prefix, architecture, source=str(src))
     if num_answers is not None:
         rows = _answer_rows(model)
         if rows is None:

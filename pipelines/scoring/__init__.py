@@ -1,0 +1,1 @@
+"""Official VQA v2, GQA and NLVR2 scores of prediction files, computed without a model."""
