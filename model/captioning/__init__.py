@@ -3,7 +3,7 @@
 from .captioner import Captioner, CaptionOutput, Context, StepOutput
 from .config import CaptionConfig
 from .decoding import Beams, Decoded, beam_search, greedy, sample
-from .show_attend_tell import ShowAttendTell
+from .show_attend_tell import HardAttentionCaptioner, ShowAttendTell, SoftAttentionCaptioner
 from .updown import UpDownCaptioner
 
 __all__ = [
@@ -13,7 +13,9 @@ __all__ = [
     "Captioner",
     "Context",
     "Decoded",
+    "HardAttentionCaptioner",
     "ShowAttendTell",
+    "SoftAttentionCaptioner",
     "StepOutput",
     "UpDownCaptioner",
     "beam_search",

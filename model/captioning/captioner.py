@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..pretrained import PretrainedMixin
 from .config import CaptionConfig
 
 State = tuple[torch.Tensor, ...]
@@ -35,11 +36,12 @@ class StepOutput(NamedTuple):
 
 @dataclass
 class CaptionOutput:
-    """Teacher-forced outputs: per-step logits, the training loss and (optionally) attention over time."""
+    """Teacher-forced outputs: per-step next-word logits, the loss when labels were given, and with
+    `output_attentions=True` the attention over regions at every step."""
 
     logits: torch.Tensor  # (B, T, V)
     loss: torch.Tensor | None = None
-    attentions: torch.Tensor | None = None  # (B, T, N)
+    attentions: torch.Tensor | None = None  # (B, T, N), 0 at padded regions
 
 
 def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -48,24 +50,22 @@ def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (features * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
-class Captioner(nn.Module):
+class Captioner(nn.Module, PretrainedMixin):
     """An LSTM decoder attending over regions; subclasses define `init_state` and `step`."""
 
     config_class = CaptionConfig
-    base_model_prefix = "captioner"
+    base_model_prefix = ""
+    attention: nn.Module
 
     def __init__(self, config: CaptionConfig):
         super().__init__()
         self.config = config
 
-    attention: nn.Module
-
     def encode(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> Context:
         """features (B, N, D), mask (B, N) with 1 = real region (all real when omitted)."""
-        if features.dim() != 3 or features.shape[-1] != self.config.feature_dim:
-            raise ValueError(
-                f"features must be (batch, regions, {self.config.feature_dim}); got {tuple(features.shape)}"
-            )
+        if features.dim() != 3 or features.shape[-1] != self.config.visual_feat_dim:
+            dim = self.config.visual_feat_dim
+            raise ValueError(f"features must be (batch, regions, {dim}); got {tuple(features.shape)}")
         if mask is None:
             mask = torch.ones(features.shape[:2], dtype=torch.bool, device=features.device)
         mask = mask.bool()
@@ -82,20 +82,30 @@ class Captioner(nn.Module):
 
     def forward(
         self,
-        features: torch.Tensor,
-        mask: torch.Tensor | None,
-        captions: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        visual_feats: torch.Tensor | None = None,
+        visual_pos: torch.Tensor | None = None,
+        visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
+        labels: torch.Tensor | None = None,
     ) -> CaptionOutput:
-        """captions (B, T): `<bos> w… <eos> <pad>…`; predicts captions[:, 1:] from captions[:, :-1]."""
-        ctx = self.encode(features, mask)
-        logits, alphas = self.teacher_forced(ctx, captions[:, :-1])
-        targets = captions[:, 1:]
-        loss = self.word_loss(logits, targets) + self.attention_penalty(alphas, targets, ctx.mask)
+        """Teacher forcing: step t reads word input_ids[:, t] and predicts labels[:, t] (`<pad>` ignored).
+
+        The heads' shared signature; a caption's own `<pad>` ends it, so `attention_mask` and
+        `token_type_ids` are not needed, and the regions' boxes (`visual_pos`) are not used by these models.
+        """
+        if visual_feats is None:
+            raise ValueError("a captioner needs visual_feats (batch, regions, features)")
+        ctx = self.encode(visual_feats, visual_attention_mask)
+        logits, alphas, loss = self.teacher_forced(ctx, input_ids, labels)
         return CaptionOutput(logits, loss, alphas if output_attentions else None)
 
-    def teacher_forced(self, ctx: Context, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, T, V) and attention (B, T, N) when fed the reference words."""
+    def teacher_forced(
+        self, ctx: Context, inputs: torch.Tensor, labels: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V), attention (B, T, N) and the loss when fed the reference words."""
         state = self.init_state(ctx)
         logits, alphas = [], []
         for t in range(inputs.shape[1]):
@@ -103,14 +113,18 @@ class Captioner(nn.Module):
             state = out.state
             logits.append(out.logits)
             alphas.append(out.alpha)
-        return torch.stack(logits, 1), torch.stack(alphas, 1)
+        logits_t, alphas_t = torch.stack(logits, 1), torch.stack(alphas, 1)
+        if labels is None:
+            return logits_t, alphas_t, None
+        loss = self.word_loss(logits_t, labels) + self.attention_penalty(alphas_t, labels, ctx.mask)
+        return logits_t, alphas_t, loss
 
-    def word_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def word_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy per real target word."""
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=self.config.pad_token_id)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=self.config.pad_token_id)
 
     def attention_penalty(
-        self, alphas: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+        self, alphas: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """An extra attention term of the loss; none by default."""
         return alphas.new_zeros(())

@@ -7,51 +7,47 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import AdditiveAttention
-from .captioner import Captioner, CaptionOutput, Context, State, StepOutput
+from .captioner import Captioner, Context, State, StepOutput
 from .config import CaptionConfig
 
 
 class ShowAttendTell(Captioner):
-    """Soft attention: the expected context `β Σ αᵢaᵢ`; hard attention: one sampled location `β a_s`."""
+    """The decoder both attentions share: `z = β(h) · context`, initial h, c from the mean annotation."""
 
     def __init__(self, config: CaptionConfig):
         super().__init__(config)
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_token_id)
-        self.init_h = nn.Linear(c.feature_dim, c.hidden_size)
-        self.init_c = nn.Linear(c.feature_dim, c.hidden_size)
-        self.attention = AdditiveAttention(c.feature_dim, c.hidden_size, c.attention_size)
+        self.init_h = nn.Linear(c.visual_feat_dim, c.hidden_size)
+        self.init_c = nn.Linear(c.visual_feat_dim, c.hidden_size)
+        self.attention = AdditiveAttention(c.visual_feat_dim, c.hidden_size, c.attention_size)
         self.gate = nn.Linear(c.hidden_size, 1)
-        self.lstm = nn.LSTMCell(c.embed_size + c.feature_dim, c.hidden_size)
+        self.lstm = nn.LSTMCell(c.embed_size + c.visual_feat_dim, c.hidden_size)
         # Deep output layer: L_o(E y_{t-1} + L_h h_t + L_z z_t).
         self.out_h = nn.Linear(c.hidden_size, c.embed_size)
-        self.out_z = nn.Linear(c.feature_dim, c.embed_size)
+        self.out_z = nn.Linear(c.visual_feat_dim, c.embed_size)
         self.dropout = nn.Dropout(c.dropout)
         self.output = nn.Linear(c.embed_size, c.vocab_size)
-        # Moving average of log p(y | s, a): the REINFORCE baseline of hard attention, saved with the weights.
-        self.register_buffer("baseline", torch.zeros(()))
-        self.register_buffer("baseline_started", torch.zeros((), dtype=torch.bool))
 
     def init_state(self, ctx: Context) -> State:
         return (torch.tanh(self.init_h(ctx.mean)), torch.tanh(self.init_c(ctx.mean)))
 
     def step(self, tokens: torch.Tensor, state: State, ctx: Context) -> StepOutput:
-        """Decoding uses the expected context for both kinds, as arctic-captions does at test time."""
+        """The expected context `β Σ αᵢaᵢ`: decoding uses it for both kinds, as arctic-captions does."""
         return self._step(tokens, state, ctx, sample=False)[0]
 
     def _step(
         self, tokens: torch.Tensor, state: State, ctx: Context, sample: bool
     ) -> tuple[StepOutput, torch.Tensor | None]:
-        """The step, plus log p(s_t) of the sampled location when `sample`."""
+        """The step, plus log p(s_t) of the sampled location `s_t ~ α` when `sample`."""
         h, c = state
         alpha = self.attention(h, ctx.keys, ctx.mask)
         log_p_location = None
         if sample:
             location = torch.multinomial(alpha, 1)
             log_p_location = torch.log(alpha.gather(1, location).squeeze(1))
-            context = ctx.features.gather(
-                1, location.unsqueeze(-1).expand(-1, 1, ctx.features.shape[-1])
-            ).squeeze(1)
+            index = location.unsqueeze(-1).expand(-1, 1, ctx.features.shape[-1])
+            context = ctx.features.gather(1, index).squeeze(1)
         else:
             context = torch.bmm(alpha.unsqueeze(1), ctx.features).squeeze(1)
         z = torch.sigmoid(self.gate(h)) * context
@@ -60,39 +56,49 @@ class ShowAttendTell(Captioner):
         logits = self.output(self.dropout(word + self.out_h(h) + self.out_z(z)))
         return StepOutput(logits, (h, c), alpha), log_p_location
 
+
+class SoftAttentionCaptioner(ShowAttendTell):
+    """Soft attention, trained with the doubly stochastic regularisation λ Σᵢ (1 − Σₜ αₜᵢ)²."""
+
     def attention_penalty(
-        self, alphas: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+        self, alphas: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """Doubly stochastic regularisation λ Σᵢ (1 − Σₜ αₜᵢ)² over real regions and real steps."""
-        if self.config.attention != "soft" or self.config.doubly_stochastic_weight == 0:
-            return alphas.new_zeros(())
-        steps = (targets != self.config.pad_token_id).to(alphas.dtype).unsqueeze(-1)
+        """Summed over real regions and real steps, averaged over images."""
+        steps = (labels != self.config.pad_token_id).to(alphas.dtype).unsqueeze(-1)
         coverage = (alphas * steps).sum(1)
         penalty = ((1.0 - coverage) ** 2 * mask.to(alphas.dtype)).sum(1).mean()
         return self.config.doubly_stochastic_weight * penalty
 
-    def forward(
-        self,
-        features: torch.Tensor,
-        mask: torch.Tensor | None,
-        captions: torch.Tensor,
-        output_attentions: bool = False,
-    ) -> CaptionOutput:
-        """Hard attention samples locations in training, except on a random half of the batches."""
+
+class HardAttentionCaptioner(ShowAttendTell):
+    """Hard attention: one sampled location per step, trained with REINFORCE (Xu et al. eq. 12)."""
+
+    def __init__(self, config: CaptionConfig):
+        super().__init__(config)
+        # Moving average of log p(y | s, a): the REINFORCE baseline, saved with the weights for exact resume.
+        self.register_buffer("baseline", torch.zeros(()))
+        self.register_buffer("baseline_started", torch.zeros((), dtype=torch.bool))
+
+    def teacher_forced(
+        self, ctx: Context, inputs: torch.Tensor, labels: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """In training with labels, locations are sampled, except on a random part of the batches
+        (`expected_attention_prob`, 0.5 as the paper) which use the expected α instead."""
         sampling = (
-            self.config.attention == "hard"
-            and self.training
+            self.training
+            and labels is not None
             and float(torch.rand(())) >= self.config.expected_attention_prob
         )
         if not sampling:
-            return super().forward(features, mask, captions, output_attentions)
-        return self._hard_forward(self.encode(features, mask), captions, output_attentions)
+            return super().teacher_forced(ctx, inputs, labels)
+        return self._reinforce(ctx, inputs, labels)
 
-    def _hard_forward(self, ctx: Context, captions: torch.Tensor, output_attentions: bool) -> CaptionOutput:
-        """REINFORCE: ∇log p(y|s) + λ_r (log p(y|s) − b) ∇log p(s) + λ_e ∇H[s], as Xu et al. eq. 12."""
+    def _reinforce(
+        self, ctx: Context, inputs: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Loss whose gradient is ∇log p(y|s) + λ_r (log p(y|s) − b) ∇log p(s) + λ_e ∇H[s]."""
         cfg = self.config
-        inputs, targets = captions[:, :-1], captions[:, 1:]
-        real = (targets != cfg.pad_token_id).to(ctx.features.dtype)
+        real = (labels != cfg.pad_token_id).to(ctx.features.dtype)
         state = self.init_state(ctx)
         logits, alphas, log_p_locations = [], [], []
         for t in range(inputs.shape[1]):
@@ -103,7 +109,7 @@ class ShowAttendTell(Captioner):
             log_p_locations.append(log_p_location)
         logits_t, alphas_t = torch.stack(logits, 1), torch.stack(alphas, 1)
         log_p_words = -F.cross_entropy(
-            logits_t.transpose(1, 2), targets, ignore_index=cfg.pad_token_id, reduction="none"
+            logits_t.transpose(1, 2), labels, ignore_index=cfg.pad_token_id, reduction="none"
         )
         log_p_caption = (log_p_words * real).sum(1)
         log_p_sampled = (torch.stack(log_p_locations, 1) * real).sum(1)
@@ -120,6 +126,5 @@ class ShowAttendTell(Captioner):
         )
         loss = -objective.sum() / real.sum().clamp(min=1.0)
         with torch.no_grad():
-            decay = cfg.baseline_decay
-            self.baseline.mul_(decay).add_((1.0 - decay) * log_p_caption.mean())
-        return CaptionOutput(logits_t, loss, alphas_t if output_attentions else None)
+            self.baseline.mul_(cfg.baseline_decay).add_((1.0 - cfg.baseline_decay) * log_p_caption.mean())
+        return logits_t, alphas_t, loss

@@ -18,10 +18,10 @@ class UpDownCaptioner(Captioner):
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_token_id)
         # Attention LSTM input: previous language-LSTM h, the mean region feature, the previous word.
-        self.attention_lstm = nn.LSTMCell(c.hidden_size + c.feature_dim + c.embed_size, c.hidden_size)
-        self.attention = AdditiveAttention(c.feature_dim, c.hidden_size, c.attention_size)
+        self.attention_lstm = nn.LSTMCell(c.hidden_size + c.visual_feat_dim + c.embed_size, c.hidden_size)
+        self.attention = AdditiveAttention(c.visual_feat_dim, c.hidden_size, c.attention_size)
         # Language LSTM input: the attended feature and the attention-LSTM h.
-        self.language_lstm = nn.LSTMCell(c.feature_dim + c.hidden_size, c.hidden_size)
+        self.language_lstm = nn.LSTMCell(c.visual_feat_dim + c.hidden_size, c.hidden_size)
         self.dropout = nn.Dropout(c.dropout)
         self.output = nn.Linear(c.hidden_size, c.vocab_size)
 

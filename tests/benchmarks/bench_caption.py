@@ -24,12 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from model.captioning import CaptionConfig, ShowAttendTell, UpDownCaptioner, beam_search  # noqa: E402
+from model.captioning import CaptionConfig, SoftAttentionCaptioner, UpDownCaptioner, beam_search  # noqa: E402
 from model.captioning.self_critical import self_critical_loss  # noqa: E402
 from pipelines.scoring.cider import CiderD  # noqa: E402
 
 VOCAB, REGIONS, WORDS = 10000, 36, 16
-ARCHS = {"updown": (UpDownCaptioner, "updown"), "sat-soft": (ShowAttendTell, "sat")}
+ARCHS = {"updown": (UpDownCaptioner, "updown"), "sat-soft": (SoftAttentionCaptioner, "sat")}
 
 
 def make_data(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CiderD]:
@@ -68,7 +68,12 @@ def bench_arch(arch: str, batch: int, steps: int) -> dict[str, float]:
 
     def xe_step() -> None:
         model.train()
-        loss = model(features, mask, captions).loss
+        loss = model(
+            input_ids=captions[:, :-1],
+            visual_feats=features,
+            visual_attention_mask=mask,
+            labels=captions[:, 1:],
+        ).loss
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()

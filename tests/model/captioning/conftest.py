@@ -19,6 +19,15 @@ class CaptionSet:
     captions: torch.Tensor  # (B, T) <bos> … <eos> <pad>
     references: dict[int, list[str]]
 
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """Teacher-forcing keyword arguments of a captioner: read words[:-1], predict words[1:]."""
+        return {
+            "input_ids": self.captions[:, :-1],
+            "visual_feats": self.features,
+            "visual_attention_mask": self.mask,
+            "labels": self.captions[:, 1:],
+        }
+
 
 def make_caption_set(images: int = 48, seed: int = 0) -> CaptionSet:
     """'a COLOUR SHAPE left of a COLOUR SHAPE', the left object first; distractor regions are padding."""

@@ -5,22 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.captioning import CaptionConfig, ShowAttendTell, UpDownCaptioner, beam_search, greedy, sample
+from model.captioning import (
+    CaptionConfig,
+    HardAttentionCaptioner,
+    SoftAttentionCaptioner,
+    UpDownCaptioner,
+    beam_search,
+    greedy,
+    sample,
+)
 
 from .conftest import FEATURE_DIM, WORDS, make_caption_set
 
-ARCHS = {
-    "updown": (UpDownCaptioner, {}),
-    "sat-soft": (ShowAttendTell, {"attention": "soft"}),
-    "sat-hard": (ShowAttendTell, {"attention": "hard"}),
-}
+ARCHS = {"updown": UpDownCaptioner, "sat-soft": SoftAttentionCaptioner, "sat-hard": HardAttentionCaptioner}
 
 
 def build(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
-    cls, extra = ARCHS[arch]
     torch.manual_seed(seed)
-    cfg = CaptionConfig.preset("tiny", vocab_size=len(WORDS), feature_dim=FEATURE_DIM, **extra, **overrides)
-    return cls(cfg).eval()
+    cfg = CaptionConfig.preset("tiny", vocab_size=len(WORDS), visual_feat_dim=FEATURE_DIM, **overrides)
+    return ARCHS[arch](cfg).eval()
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -69,7 +72,7 @@ def test_padded_regions_never_attended(arch):
     padded = ~data.mask
     assert padded.any()
     with torch.no_grad():
-        out = model(data.features, data.mask, data.captions, output_attentions=True)
+        out = model(**data.inputs(), output_attentions=True)
     assert (
         float(out.attentions.masked_select(padded.unsqueeze(1).expand_as(out.attentions)).abs().max()) == 0.0
     )
@@ -77,7 +80,7 @@ def test_padded_regions_never_attended(arch):
     noisy = data.features.clone()
     noisy[padded] = torch.randn(int(padded.sum()), FEATURE_DIM) * 100
     with torch.no_grad():
-        again = model(noisy, data.mask, data.captions)
+        again = model(**{**data.inputs(), "visual_feats": noisy})
     torch.testing.assert_close(again.logits, out.logits)
     beams = beam_search(model, noisy, data.mask, beam_size=3)
     assert torch.equal(beams.tokens, beam_search(model, data.features, data.mask, beam_size=3).tokens)

@@ -19,7 +19,7 @@ def train(model: torch.nn.Module, data, steps: int) -> list[float]:
     model.train()
     losses = []
     for _ in range(steps):
-        out = model(data.features, data.mask, data.captions)
+        out = model(**data.inputs())
         optimiser.zero_grad()
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

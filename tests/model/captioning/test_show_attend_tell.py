@@ -18,7 +18,7 @@ def test_doubly_stochastic_penalty_matches_the_formula():
     data = make_caption_set(6)
     data.captions[0, -3:] = 0  # a shorter caption: its padded steps must not count
     with torch.no_grad():
-        out = model(data.features, data.mask, data.captions, output_attentions=True)
+        out = model(**data.inputs(), output_attentions=True)
     targets = data.captions[:, 1:]
     ce = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), targets.reshape(-1), ignore_index=0)
     penalty = 0.0
@@ -36,9 +36,7 @@ def test_hard_attention_with_expected_alpha_is_the_soft_word_loss():
     hard = build("sat-hard", expected_attention_prob=1.0).train()
     soft = build("sat-soft", doubly_stochastic_weight=0.0).train()
     data = make_caption_set(5)
-    torch.testing.assert_close(
-        hard(data.features, data.mask, data.captions).loss, soft(data.features, data.mask, data.captions).loss
-    )
+    torch.testing.assert_close(hard(**data.inputs()).loss, soft(**data.inputs()).loss)
     assert float(hard.baseline) == 0.0  # no sampling happened, so the baseline did not move
 
 
@@ -48,7 +46,7 @@ def test_hard_attention_reinforce_gradient_and_baseline():
     data = make_caption_set(5)
     real = (data.captions[:, 1:] != 0).float()
     torch.manual_seed(1)
-    out = model(data.features, data.mask, data.captions)
+    out = model(**data.inputs())
     log_p = -F.cross_entropy(
         out.logits.detach().transpose(1, 2), data.captions[:, 1:], reduction="none", ignore_index=0
     )
@@ -58,7 +56,7 @@ def test_hard_attention_reinforce_gradient_and_baseline():
     out.loss.backward()
     assert model.attention.score.weight.grad.abs().sum() > 0  # only log p(s) reaches the attention here
     torch.manual_seed(2)
-    out = model(data.features, data.mask, data.captions)
+    out = model(**data.inputs())
     log_p = -F.cross_entropy(
         out.logits.detach().transpose(1, 2), data.captions[:, 1:], reduction="none", ignore_index=0
     )
@@ -73,7 +71,7 @@ def test_config_presets_and_errors():
     assert CaptionConfig.from_dict(updown.to_dict()) == updown
     with pytest.raises(ValueError, match="unknown CaptionConfig field"):
         CaptionConfig.preset("tiny", hidden=3)
-    with pytest.raises(ValueError, match="unknown attention"):
-        CaptionConfig.preset("sat", attention="medium")
+    with pytest.raises(ValueError, match="distinct ids"):
+        CaptionConfig.preset("sat", eos_token_id=0)
     with pytest.raises(ValueError, match="unknown captioning preset"):
         CaptionConfig.preset("huge")
