@@ -106,18 +106,15 @@ class Captioner(nn.Module, PretrainedMixin):
         self, ctx: Context, inputs: torch.Tensor, labels: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V), attention (B, T, N) and the loss when fed the reference words."""
-        state = self.init_state(ctx)
-        logits, alphas = [], []
-        for t in range(inputs.shape[1]):
-            out = self.step(inputs[:, t], state, ctx)
-            state = out.state
-            logits.append(out.logits)
-            alphas.append(out.alpha)
-        logits_t, alphas_t = torch.stack(logits, 1), torch.stack(alphas, 1)
+        logits_t, alphas_t = self.unroll(ctx, inputs)
         if labels is None:
             return logits_t, alphas_t, None
         loss = self.word_loss(logits_t, labels) + self.attention_penalty(alphas_t, labels, ctx.mask)
         return logits_t, alphas_t, loss
+
+    def unroll(self, ctx: Context, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, T, V) and attention (B, T, N) of `step` applied to every input word in turn."""
+        raise NotImplementedError
 
     def word_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy per real target word."""

@@ -9,6 +9,7 @@ from torch import nn
 from .attention import AdditiveAttention
 from .captioner import Captioner, Context, State, StepOutput
 from .config import CaptionConfig
+from .lstm import cell_bias, input_gates, lstm_update, recurrent_weight
 
 
 class ShowAttendTell(Captioner):
@@ -34,27 +35,52 @@ class ShowAttendTell(Captioner):
 
     def step(self, tokens: torch.Tensor, state: State, ctx: Context) -> StepOutput:
         """The expected context `β Σ αᵢaᵢ`: decoding uses it for both kinds, as arctic-captions does."""
-        return self._step(tokens, state, ctx, sample=False)[0]
-
-    def _step(
-        self, tokens: torch.Tensor, state: State, ctx: Context, sample: bool
-    ) -> tuple[StepOutput, torch.Tensor | None]:
-        """The step, plus log p(s_t) of the sampled location `s_t ~ α` when `sample`."""
         h, c = state
-        alpha = self.attention(h, ctx.keys, ctx.mask)
-        log_p_location = None
-        if sample:
-            location = torch.multinomial(alpha, 1)
-            log_p_location = torch.log(alpha.gather(1, location).squeeze(1))
-            index = location.unsqueeze(-1).expand(-1, 1, ctx.features.shape[-1])
-            context = ctx.features.gather(1, index).squeeze(1)
-        else:
-            context = torch.bmm(alpha.unsqueeze(1), ctx.features).squeeze(1)
-        z = torch.sigmoid(self.gate(h)) * context
+        alpha, z, _ = self._attend(h, ctx, sample=False)
         word = self.embed(tokens)
         h, c = self.lstm(torch.cat([word, z], dim=-1), (h, c))
         logits = self.output(self.dropout(word + self.out_h(h) + self.out_z(z)))
-        return StepOutput(logits, (h, c), alpha), log_p_location
+        return StepOutput(logits, (h, c), alpha)
+
+    def unroll(self, ctx: Context, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, alphas, _ = self._unroll(ctx, inputs, sample=False)
+        return logits, alphas
+
+    def _unroll(
+        self, ctx: Context, inputs: torch.Tensor, sample: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`step` over all words with the word gates and the deep output computed once for all steps;
+        also log p(s_t) of each sampled location (B, T) when `sample`."""
+        embed_size = self.config.embed_size
+        words = self.embed(inputs)
+        fixed = input_gates(self.lstm, words, 0, embed_size) + cell_bias(self.lstm)  # LSTM input: [word ; z]
+        weight = recurrent_weight(self.lstm, embed_size, self.lstm.weight_ih.shape[1])  # [z ; h]
+        h, c = self.init_state(ctx)
+        hs, zs, alphas, log_ps = [], [], [], []
+        for t in range(inputs.shape[1]):
+            alpha, z, log_p = self._attend(h, ctx, sample)
+            h, c = lstm_update(fixed[:, t] + F.linear(torch.cat([z, h], dim=-1), weight), c)
+            hs.append(h)
+            zs.append(z)
+            alphas.append(alpha)
+            log_ps.append(log_p)
+        hidden, context = torch.stack(hs, 1), torch.stack(zs, 1)
+        logits = self.output(self.dropout(words + self.out_h(hidden) + self.out_z(context)))
+        return logits, torch.stack(alphas, 1), torch.stack(log_ps, 1) if sample else None
+
+    def _attend(
+        self, h: torch.Tensor, ctx: Context, sample: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """α, the gated context z, and log p(s) of the sampled location `s ~ α` when `sample`."""
+        alpha = self.attention(h, ctx.keys, ctx.mask)
+        if not sample:
+            context = torch.bmm(alpha.unsqueeze(1), ctx.features).squeeze(1)
+            return alpha, torch.sigmoid(self.gate(h)) * context, None
+        location = torch.multinomial(alpha, 1)
+        index = location.unsqueeze(-1).expand(-1, 1, ctx.features.shape[-1])
+        context = ctx.features.gather(1, index).squeeze(1)
+        log_p = torch.log(alpha.gather(1, location).squeeze(1))
+        return alpha, torch.sigmoid(self.gate(h)) * context, log_p
 
 
 class SoftAttentionCaptioner(ShowAttendTell):
@@ -99,20 +125,12 @@ class HardAttentionCaptioner(ShowAttendTell):
         """Loss whose gradient is ∇log p(y|s) + λ_r (log p(y|s) − b) ∇log p(s) + λ_e ∇H[s]."""
         cfg = self.config
         real = (labels != cfg.pad_token_id).to(ctx.features.dtype)
-        state = self.init_state(ctx)
-        logits, alphas, log_p_locations = [], [], []
-        for t in range(inputs.shape[1]):
-            out, log_p_location = self._step(inputs[:, t], state, ctx, sample=True)
-            state = out.state
-            logits.append(out.logits)
-            alphas.append(out.alpha)
-            log_p_locations.append(log_p_location)
-        logits_t, alphas_t = torch.stack(logits, 1), torch.stack(alphas, 1)
+        logits_t, alphas_t, log_p_locations = self._unroll(ctx, inputs, sample=True)
         log_p_words = -F.cross_entropy(
             logits_t.transpose(1, 2), labels, ignore_index=cfg.pad_token_id, reduction="none"
         )
         log_p_caption = (log_p_words * real).sum(1)
-        log_p_sampled = (torch.stack(log_p_locations, 1) * real).sum(1)
+        log_p_sampled = (log_p_locations * real).sum(1)
         entropy = -(alphas_t * torch.log(alphas_t.clamp(min=1e-12))).sum(-1)
         entropy = (entropy * real).sum(1)
         with torch.no_grad():

@@ -40,6 +40,22 @@ def test_beam_one_equals_greedy(arch):
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_teacher_forcing_equals_stepping(arch):
+    """The unrolled training pass (inputs projected once) computes what `step` does word by word."""
+    model = build(arch)
+    data = make_caption_set(5)
+    with torch.no_grad():
+        out = model(**data.inputs(), output_attentions=True)
+        ctx = model.encode(data.features, data.mask)
+        state = model.init_state(ctx)
+        for t in range(data.captions.shape[1] - 1):
+            step = model.step(data.captions[:, t], state, ctx)
+            state = step.state
+            torch.testing.assert_close(out.logits[:, t], step.logits, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.attentions[:, t], step.alpha, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_beam_rows_are_independent_and_ranked(arch):
     """A batch decodes like its images one at a time; beams come back best first."""
     model = build(arch)
