@@ -15,6 +15,8 @@ class CaptionConfig:
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Anderson et al. 2018: hidden 1000, attention 512, word embedding 1000 over 2048-d regions.
         "updown": {},
+        # What fine-tuning builds without --init or --preset: the Up-Down paper's sizes, for every arch.
+        "base": {},
         # Show, Attend and Tell over the same regions: an LSTM of 1000 and a 512-d word embedding.
         "sat": {"embed_size": 512},
         # Small enough for unit tests and the demo on a laptop CPU.

@@ -68,10 +68,12 @@ def _pycocoevalcap_dir() -> Path:
 
 
 def tokenize(
-    captions: Mapping[Hashable, Sequence[str]], skipped: dict[str, str]
+    captions: Mapping[Hashable, Sequence[str]], skipped: dict[str, str], java: bool = True
 ) -> dict[Hashable, list[str]]:
     """PTB-tokenise every caption (pycocoevalcap's tokenizer); falls back to `simple_tokenize`."""
-    if java_available():
+    if not java:
+        reason = "not requested (java=False); used a lower-case word tokenizer instead"
+    elif java_available():
         from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
         try:
@@ -104,10 +106,12 @@ def evaluate_captions(
     predictions: Mapping[Hashable, str],
     spice: bool = True,
     pretokenized: bool = False,
+    java: bool = True,
 ) -> CaptionScores:
     """Score one predicted caption per image against its raw reference captions, as the COCO server does.
 
-    `pretokenized`: captions are already lower-case space-separated tokens (skips the PTB tokenizer).
+    `pretokenized`: captions are already lower-case space-separated tokens (skips the PTB tokenizer);
+    `java=False` runs only the Python metrics (BLEU, ROUGE-L, CIDEr-D), e.g. for validation during training.
     """
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
@@ -123,8 +127,8 @@ def evaluate_captions(
     gts = {key: list(references[key]) for key in keys}
     res = {key: [predictions[key]] for key in keys}
     if not pretokenized:
-        gts = tokenize(gts, result.skipped)
-        res = tokenize(res, result.skipped)
+        gts = tokenize(gts, result.skipped, java)
+        res = tokenize(res, result.skipped, java)
     empty = [key for key in keys if not gts[key]]
     if empty:
         raise ValueError(f"{len(empty)} image(s) have no reference captions, e.g. {empty[:3]}")
@@ -136,7 +140,9 @@ def evaluate_captions(
 
     bleu, bleu_each = Bleu(4).compute_score(gts, res, verbose=0)
     record(METRIC_NAMES[:4], bleu, bleu_each)
-    if java_available():
+    if not java:
+        result.skipped["METEOR"] = "not requested (java=False)"
+    elif java_available():
         from pycocoevalcap.meteor.meteor import Meteor
 
         meteor, meteor_each = Meteor().compute_score(gts, res)
@@ -147,7 +153,7 @@ def evaluate_captions(
     record(["ROUGE_L"], [rouge], [rouge_each])
     cider, cider_each = Cider().compute_score(gts, res)
     record(["CIDEr"], [cider], [cider_each])
-    reason = _spice_missing() if spice else "not requested"
+    reason = _spice_missing() if spice and java else "not requested"
     if reason is None:
         from pycocoevalcap.spice.spice import Spice
 

@@ -66,16 +66,16 @@ def test_cider_d_with_training_document_frequencies():
         cider.score_one(999, "a dog")
 
 
-def test_bleu_rouge_cider_through_pycocoevalcap_pretokenized(monkeypatch):
-    monkeypatch.setattr("pipelines.scoring.captions.java_available", lambda: False)  # METEOR has its own test
+def test_bleu_rouge_cider_through_pycocoevalcap_pretokenized():
     refs, res = random_corpus(4, images=10)
-    scores = evaluate_captions(refs, {k: v[0] for k, v in res.items()}, spice=False, pretokenized=True)
+    scores = evaluate_captions(refs, {k: v[0] for k, v in res.items()}, pretokenized=True, java=False)
     bleu, _ = Bleu(4).compute_score(refs, res, verbose=0)
     for n in range(4):
         assert scores.metrics[f"Bleu_{n + 1}"] == pytest.approx(bleu[n])
     assert scores.metrics["CIDEr"] == pytest.approx(Cider().compute_score(refs, res)[0])
     assert 0.0 < scores.metrics["ROUGE_L"] <= 1.0
     assert scores.skipped["SPICE"] == "not requested"
+    assert "java=False" in scores.skipped["METEOR"]
 
 
 @pytest.mark.skipif(not java_available(), reason="java not on PATH: the PTB tokenizer and METEOR need a JRE")
