@@ -6,8 +6,8 @@ images per second through forward, backward and Adam; SCST counts images per sec
 greedy decode (the baseline), one sampled caption, in-process CIDEr-D rewards against 5 references,
 backward and Adam. Beam search counts captions per second at beam 3 and 5. Prints a table and one JSON line.
 
-    .venv/bin/python tests/benchmarks/bench_caption.py            # batch 8, 2 timed steps each
-    .venv/bin/python tests/benchmarks/bench_caption.py --quick    # batch 2, 1 timed step each
+    OMP_NUM_THREADS=1 .venv/bin/python tests/benchmarks/bench_caption.py            # batch 8, 2 steps each
+    OMP_NUM_THREADS=1 .venv/bin/python tests/benchmarks/bench_caption.py --quick    # batch 2, 1 step each
 """
 
 from __future__ import annotations
