@@ -125,15 +125,22 @@ class BasicStem(nn.Module):
 
 
 class ResNetC4(nn.Module):
-    """Stem and res2..res4: (N, 3, H, W) -> (N, 1024, H/16, W/16)."""
+    """Stem and res2..res4: (N, 3, H, W) -> (N, 4 * res2_channels, H/16, W/16)."""
 
-    def __init__(self, blocks_per_stage: tuple[int, int, int] = (3, 4, 23)):
+    def __init__(
+        self,
+        blocks_per_stage: tuple[int, int, int] = (3, 4, 23),
+        stem_channels: int = 64,
+        res2_channels: int = 256,
+        bottleneck_channels: int = 64,
+    ):
         super().__init__()
-        self.stem = BasicStem()
-        self.res2 = make_stage(blocks_per_stage[0], 64, 256, 64, first_stride=1)
-        self.res3 = make_stage(blocks_per_stage[1], 256, 512, 128, first_stride=2)
-        self.res4 = make_stage(blocks_per_stage[2], 512, 1024, 256, first_stride=2)
-        self.out_channels = 1024
+        self.stem = BasicStem(out_ch=stem_channels)
+        in_ch, out_ch, mid = stem_channels, res2_channels, bottleneck_channels
+        for name, blocks, stride in zip(("res2", "res3", "res4"), blocks_per_stage, (1, 2, 2), strict=True):
+            setattr(self, name, make_stage(blocks, in_ch, out_ch, mid, first_stride=stride))
+            in_ch, out_ch, mid = out_ch, out_ch * 2, mid * 2
+        self.out_channels = in_ch
 
     def output_sizes(self, sizes: Sizes) -> Sizes:
         """Each image's valid res4 size, as if it were run alone."""

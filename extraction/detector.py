@@ -1,12 +1,9 @@
-"""`Detector`: images in, `storage.RegionFeatures` out (preprocess, network, selection, rescale)."""
+"""`Detector`: images in, `storage.RegionFeatures` out (load weights, preprocess, run, post-process)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
 import logging
-import platform
 import time
 import warnings
 from collections.abc import Iterator
@@ -14,19 +11,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from extraction.box_coder import BoxCoder, clip_boxes
-from extraction.config import DetectorConfig, SelectionConfig, resolve_config
+from extraction.box_coder import BoxCoder
+from extraction.config import DEFAULT_PRESET, DetectorConfig, resolve_config
+from extraction.postprocess import to_record
 from extraction.preprocess import batch_images, load_image, resize_image
-from extraction.rcnn import RANDOM_SEED, VGFasterRCNN, init_random_weights
-from extraction.selection import select
+from extraction.provenance import provenance, weights_record
+from extraction.rcnn import NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
+from extraction.selection import SelectionConfig
 from extraction.weights import load_detector_weights
 from storage import RegionFeatures
 
 log = logging.getLogger(__name__)
 
-STAGES = ("preprocess", "backbone", "rpn", "roi_head", "selection")
+STAGES = ("preprocess", *NETWORK_STAGES, "selection")
 RANDOM_WEIGHTS_WARNING = (
     "xmodal detector built with RANDOM weights (seed {seed}): its boxes, labels and features are "
     "meaningless for real use; pass weights=<faster_rcnn_from_caffe_attr.pkl | pytorch_model.bin | "
@@ -35,9 +33,7 @@ RANDOM_WEIGHTS_WARNING = (
 
 
 class Detector:
-    """The VG Faster R-CNN R101-C4 feature extractor; build it with `Detector.build`."""
-
-    feature_dim = 2048
+    """The VG Faster R-CNN feature extractor; build it with `Detector.build`."""
 
     def __init__(
         self,
@@ -57,7 +53,7 @@ class Detector:
     @classmethod
     def build(
         cls,
-        preset: str = "vg-r101-c4",
+        preset: str = DEFAULT_PRESET,
         weights: str | Path | None = None,
         device: str | torch.device = "cpu",
         selection: str = "caffe",
@@ -74,10 +70,10 @@ class Detector:
             message = RANDOM_WEIGHTS_WARNING.format(seed=RANDOM_SEED)
             warnings.warn(message, stacklevel=2)
             log.warning(message)
-            info = {"path": "random", "sha256": None, "seed": RANDOM_SEED}
+            info = weights_record(None, RANDOM_SEED)
         else:
             report = load_detector_weights(model, weights, strict=strict)
-            info = {"path": str(weights), "sha256": _sha256(Path(weights)), "report": report.summary()}
+            info = weights_record(weights, RANDOM_SEED, report.summary())
         model.eval().to(torch.device(device))
         return cls(model, config, sel, preset, info)
 
@@ -85,32 +81,13 @@ class Detector:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def feature_dim(self) -> int:
+        return self.model.feature_dim
+
     def provenance(self) -> dict:
         """What produced the features: preset, configs, weights (path + sha256 or random), versions."""
-        import cv2
-        import PIL
-        import torchvision
-
-        return {
-            "detector": "vg-faster-rcnn-r101-c4",
-            "preset": self.preset,
-            "config": dataclasses.asdict(self.config),
-            "weights": self._weights["path"],
-            "weights_sha256": self._weights["sha256"],
-            "selection": self.selection.rule,
-            "selection_config": dataclasses.asdict(self.selection),
-            "min_boxes": self.selection.min_boxes,
-            "max_boxes": self.selection.max_boxes,
-            "feature_dim": self.feature_dim,
-            "versions": {
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "torchvision": torchvision.__version__,
-                "numpy": np.__version__,
-                "opencv": cv2.__version__,
-                "pillow": PIL.__version__,
-            },
-        }
+        return provenance(self.preset, self.config, self.selection, self._weights, self.feature_dim)
 
     def detect(
         self,
@@ -138,52 +115,12 @@ class Detector:
                 ]
                 resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in originals]
                 batch, sizes = batch_images(resized, cfg.pixel_mean, cfg.pixel_std, self.device)
-            with self._autocast():
-                with stage("backbone"):
-                    features = self.model.backbone(batch, sizes)
-                with stage("rpn"):
-                    feature_sizes = self.model.backbone.output_sizes(sizes)
-                    proposals = self.model.proposal_generator(features, feature_sizes, sizes)
-                with stage("roi_head"):
-                    heads = self.model.roi_heads(features, [boxes for boxes, _ in proposals])
+            outputs = self.model(batch, sizes, stage)
             with stage("selection"):
-                results = [
-                    self._regions(img_id, orig.shape[:2], size, boxes, out)
-                    for img_id, orig, size, (boxes, _), out in zip(
-                        ids, originals, sizes, proposals, heads, strict=True
-                    )
+                return [
+                    to_record(out, img_id, orig.shape[:2], size, self.selection, self._roi_coder)
+                    for out, img_id, orig, size in zip(outputs, ids, originals, sizes, strict=True)
                 ]
-        return results
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.config.dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=getattr(torch, self.config.dtype))
-
-    def _regions(self, img_id, orig_hw, size, proposals, out) -> RegionFeatures:
-        num_classes = self.config.num_classes
-        probs = F.softmax(out.cls_logits, dim=-1)
-        pred_boxes = None
-        if self.selection.rule != "caffe":
-            pred_boxes = self._roi_coder.decode(out.deltas, proposals).view(-1, num_classes, 4)
-            pred_boxes = clip_boxes(pred_boxes, *size)
-        chosen = select(proposals, probs, pred_boxes, self.selection)
-        # softmax over all A+1 attributes, then the best real one ("no attribute", last, is excluded)
-        attrs_conf, attrs_id = F.softmax(out.attr_logits[chosen.index], dim=-1)[:, :-1].max(dim=1)
-        orig_h, orig_w = orig_hw
-        scale = torch.tensor([orig_w / size[1], orig_h / size[0]] * 2, device=proposals.device)
-        boxes = clip_boxes(chosen.boxes * scale, orig_h, orig_w)
-        return RegionFeatures(
-            img_id=img_id,
-            img_h=int(orig_h),
-            img_w=int(orig_w),
-            boxes=boxes.cpu().numpy().astype(np.float32),
-            features=out.features[chosen.index].cpu().numpy().astype(np.float32),
-            objects_id=chosen.classes.cpu().numpy().astype(np.int64),
-            objects_conf=chosen.scores.cpu().numpy().astype(np.float32),
-            attrs_id=attrs_id.cpu().numpy().astype(np.int64),
-            attrs_conf=attrs_conf.cpu().numpy().astype(np.float32),
-        )
 
 
 class _StageTimer:
@@ -205,11 +142,3 @@ class _StageTimer:
         if self.sync:
             torch.cuda.synchronize()
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -8,7 +8,7 @@ from torch import nn
 
 
 class AttributePredictor(nn.Module):
-    """2048-d region feature -> class logits (C+1, background last), class-specific deltas (4C), attributes.
+    """A region feature -> class logits (C+1, background last), class-specific deltas (4C), attributes.
 
     The attribute head embeds the argmax over all C+1 logits (background included, as the released
     model was trained), concatenates it with the feature and scores A+1 attributes ("none" last).

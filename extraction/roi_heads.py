@@ -16,15 +16,21 @@ from extraction.predictor import AttributePredictor
 class RoIOutputs:
     """Per-proposal outputs of one image, all float32."""
 
-    features: torch.Tensor  # (R, 2048) mean-pooled res5
+    features: torch.Tensor  # (R, out_channels) mean-pooled res5
     cls_logits: torch.Tensor  # (R, C+1)
     deltas: torch.Tensor  # (R, 4C)
     attr_logits: torch.Tensor  # (R, A+1)
 
 
 class Res5ROIHeads(nn.Module):
+    """Pooled res4 regions -> res5 -> (R, out_channels) features and the predictor's outputs."""
+
     def __init__(
         self,
+        in_channels: int = 1024,
+        out_channels: int = 2048,
+        bottleneck_channels: int = 512,
+        num_blocks: int = 3,
         pooler_resolution: int = 14,
         dilation: int = 2,
         num_classes: int = 1600,
@@ -35,13 +41,16 @@ class Res5ROIHeads(nn.Module):
         super().__init__()
         self.pooler = RoIPool((pooler_resolution, pooler_resolution), spatial_scale=1.0 / 16)
         # stride 1 with dilation 2 keeps res5 at 14x14, as in the caffe model
-        self.res5 = make_stage(3, 1024, 2048, 512, first_stride=1, dilation=dilation)
+        self.res5 = make_stage(
+            num_blocks, in_channels, out_channels, bottleneck_channels, first_stride=1, dilation=dilation
+        )
+        self.out_channels = out_channels
         self.box_predictor = AttributePredictor(
-            2048, num_classes, num_attributes, attr_embed_dim, attr_hidden_dim
+            out_channels, num_classes, num_attributes, attr_embed_dim, attr_hidden_dim
         )
 
     def forward(self, features: torch.Tensor, proposals: list[torch.Tensor]) -> list[RoIOutputs]:
-        """features (N, 1024, H, W) with padding zeroed; proposals: (R_i, 4) boxes per image."""
+        """features (N, in_channels, H, W) with padding zeroed; proposals: (R_i, 4) boxes per image."""
         out = []
         # one image at a time: bounded memory, and per-image results independent of the batch
         for i, boxes in enumerate(proposals):

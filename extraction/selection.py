@@ -8,14 +8,34 @@ are when the image does not have more; nothing is padded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torchvision.ops import batched_nms, nms
 
-from extraction.config import SelectionConfig
-
 CAFFE_FLOORS = (0.05, 0.01, 0.0)
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Which regions of the proposals are kept: `rule` names a row of RULES."""
+
+    rule: str = "caffe"
+    min_boxes: int = 36
+    max_boxes: int = 36
+    conf_thresh: float = 0.2  # caffe: keep proposals whose max_conf reaches this
+    nms_thresh: float = 0.3  # caffe and threshold: per-class NMS IoU
+    score_thresh: float = 0.2  # threshold: per-class score threshold
+    maxnms_thresholds: tuple[float, ...] = field(default=(0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9))
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"selection rule must be one of {tuple(RULES)}, got {self.rule!r}")
+        if not 0 <= self.min_boxes <= self.max_boxes or self.max_boxes < 1:
+            raise ValueError(
+                f"need 0 <= min_boxes <= max_boxes and max_boxes >= 1; got {self.min_boxes}/{self.max_boxes}"
+            )
 
 
 @dataclass
@@ -26,18 +46,6 @@ class Selection:
     boxes: torch.Tensor  # (N, 4) float32
     classes: torch.Tensor  # (N,) int64 in 0..C-1
     scores: torch.Tensor  # (N,) float32
-
-
-def select(
-    proposals: torch.Tensor, probs: torch.Tensor, pred_boxes: torch.Tensor | None, cfg: SelectionConfig
-) -> Selection:
-    if cfg.rule == "caffe":
-        return select_caffe(proposals, probs, cfg)
-    if pred_boxes is None:
-        raise ValueError(f"selection rule {cfg.rule!r} needs the regressed boxes")
-    if cfg.rule == "maxnms":
-        return select_maxnms(probs, pred_boxes, cfg)
-    return select_threshold(probs, pred_boxes, cfg)
 
 
 def per_class_max_conf(
@@ -120,3 +128,41 @@ def _per_class_nms(
     rows, cols = pairs[:, 0], pairs[:, 1]
     keep = batched_nms(pred_boxes[rows, cols], fg[rows, cols], cols, nms_thresh)
     return pairs, keep
+
+
+def _caffe(proposals, probs, pred_boxes, cfg):
+    return select_caffe(proposals, probs, cfg)
+
+
+def _maxnms(proposals, probs, pred_boxes, cfg):
+    return select_maxnms(probs, pred_boxes, cfg)
+
+
+def _threshold(proposals, probs, pred_boxes, cfg):
+    return select_threshold(probs, pred_boxes, cfg)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A selection rule: fn(proposals, probs, regressed boxes or None, cfg); `needs_boxes` says whether it
+    reads the class-specific regressed boxes (decoding them costs R x C x 4 floats)."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, SelectionConfig], Selection]
+    needs_boxes: bool
+
+
+RULES: dict[str, Rule] = {
+    "caffe": Rule(_caffe, needs_boxes=False),
+    "maxnms": Rule(_maxnms, needs_boxes=True),
+    "threshold": Rule(_threshold, needs_boxes=True),
+}
+
+
+def select(
+    proposals: torch.Tensor, probs: torch.Tensor, pred_boxes: torch.Tensor | None, cfg: SelectionConfig
+) -> Selection:
+    """The regions `cfg.rule` keeps from one image's scored proposals."""
+    rule = RULES[cfg.rule]
+    if rule.needs_boxes and pred_boxes is None:
+        raise ValueError(f"selection rule {cfg.rule!r} needs the regressed boxes")
+    return rule.fn(proposals, probs, pred_boxes, cfg)

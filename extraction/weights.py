@@ -17,6 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from extraction.config import DEFAULT_PRESET, preset_config
+from extraction.rcnn import VGFasterRCNN
+
 log = logging.getLogger(__name__)
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
@@ -184,15 +187,16 @@ def load_detector_weights(model: nn.Module, path: str | Path, strict: bool = Tru
     return report
 
 
-def convert_detector_checkpoint(src: str | Path, dst: str | Path, strict: bool = True) -> LoadReport:
-    """Check a detectron2 .pkl / HuggingFace .bin / safetensors checkpoint and write it as safetensors."""
+def convert_detector_checkpoint(
+    src: str | Path, dst: str | Path, strict: bool = True, preset: str = DEFAULT_PRESET
+) -> LoadReport:
+    """Check a detectron2 .pkl / HuggingFace .bin / safetensors checkpoint against `preset`'s network and
+    write it as safetensors."""
     from safetensors.torch import save_file
 
-    from extraction.config import DetectorConfig
-    from extraction.rcnn import VGFasterRCNN
-
+    config = preset_config(preset)
     with torch.device("meta"):
-        model = VGFasterRCNN(DetectorConfig())
+        model = VGFasterRCNN(config)
     state = read_checkpoint(src)
     report = check_state(model, state, str(src))
     if not report.ok:
@@ -208,7 +212,9 @@ def convert_detector_checkpoint(src: str | Path, dst: str | Path, strict: bool =
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".tmp")
-    save_file(out, str(tmp), metadata={"format": "xmodal-detector-r101-c4", "source": Path(src).name})
+    save_file(
+        out, str(tmp), metadata={"format": "xmodal-detector", "preset": preset, "source": Path(src).name}
+    )
     os.replace(tmp, dst)
     log.info("wrote %d tensors to %s", len(out), dst)
     return report

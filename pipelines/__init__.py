@@ -1,1 +1,2 @@
-"""Datasets, training, evaluation, Ray jobs and the `xmodal` command line."""
+"""Everything above the networks: engine/ (the training loop), data/, tasks/ (the TASKS table), jobs/ (Ray),
+apps/ and the `xmodal` command line."""

@@ -15,16 +15,38 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("submit", "submit any xmodal command to a Ray cluster as a Ray Job"),
     ("convert", "convert detector or LXMERT checkpoints"),
     ("vocab", "build a WordPiece vocabulary"),
-    ("pretrain", "pre-train LXMERT on the five tasks"),
-    ("finetune", "fine-tune on VQA, GQA or NLVR2"),
+    ("pretrain", "pre-train a model (LXMERT: the five tasks)"),
+    ("finetune", "fine-tune on a task (VQA, GQA, NLVR2)"),
     ("evaluate", "evaluate a fine-tuned checkpoint and write prediction files"),
     ("ask", "ask a question about one image"),
     ("demo", "run the whole pipeline on generated data"),
 )
 
+# every command exits with one of these (`xmodal submit` passes the remote command's status through)
+EXIT_OK, EXIT_BAD_INPUT, EXIT_PARTIAL = 0, 1, 2
+EXIT_CODES = """\
+exit status (every command):
+  0  success
+  1  bad input or refusal: a missing or malformed file, a bad option, settings that do not fit
+  2  partial failure: the work finished but some of it failed (extract: more than --max-failures images)
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors exit with the bad-input status (argparse's own is 2)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xmodal", description=__doc__)
+    parser = Parser(
+        prog="xmodal",
+        description=__doc__,
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS:

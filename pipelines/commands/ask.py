@@ -9,6 +9,8 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.apps.ask import DEFAULT_DEVICE, DEFAULT_TOP_K
+
     parser.add_argument("image", help="image file")
     parser.add_argument("question", help='the question, e.g. "what is the man holding?"')
     parser.add_argument("--checkpoint", required=True, help="fine-tuned VQA/GQA directory (runs/vqa/best)")
@@ -17,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="detector checkpoint; default: the one the training features were made with if it exists, "
         "else random weights (meaningless answers, for tests)",
     )
-    parser.add_argument("--top-k", type=int, default=5, help="answers to print (default: 5)")
+    parser.add_argument(
+        "--top-k", type=int, default=DEFAULT_TOP_K, help=f"answers to print (default: {DEFAULT_TOP_K})"
+    )
     parser.add_argument("--explain", metavar="OUT.png", help="draw the regions the answer attended to most")
     parser.add_argument(
         "--json",
@@ -31,11 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-size", type=int, help="detector input longest side (default: as recorded, 1000)"
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument(
+        "--device", default=DEFAULT_DEVICE, help=f"cpu or cuda[:N] (default: {DEFAULT_DEVICE})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.ask import ask_image
+    from pipelines.apps.ask import ask_image
 
     try:
         result = ask_image(
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileNotFoundError) as exc:  # ImageError is a ValueError
         print(f"xmodal ask: {exc}", file=sys.stderr)
-        return 2
+        return 1
     if args.json:
         text = json.dumps(_as_json(args, result.answers), indent=1)
         if args.json == "-":

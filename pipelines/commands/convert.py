@@ -11,11 +11,20 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from extraction.config import DEFAULT_PRESET as DETECTOR_PRESET
+    from extraction.config import PRESETS as DETECTOR_PRESETS
+
     sub = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
     det = sub.add_parser("detector", help="detectron2 .pkl / HuggingFace .bin / safetensors -> safetensors")
     det.add_argument("src", help="faster_rcnn_from_caffe_attr.pkl, pytorch_model.bin or .safetensors")
     det.add_argument("dst", help="output .safetensors file")
     det.add_argument("--no-strict", dest="strict", action="store_false", help="allow missing/unexpected keys")
+    det.add_argument(
+        "--preset",
+        default=DETECTOR_PRESET,
+        choices=sorted(DETECTOR_PRESETS),
+        help=f"the network the checkpoint is checked against (default: {DETECTOR_PRESET})",
+    )
     lx = sub.add_parser("lxmert", help="original release / HuggingFace LXMERT -> xmodal directory (or back)")
     lx.add_argument("src", help="Epoch20_LXRT.pth, model_LXRT.pth, BEST.pth, or a HuggingFace or xmodal dir")
     lx.add_argument("dst", help="output directory")
@@ -36,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if args.kind == "detector":
             from extraction.weights import convert_detector_checkpoint
 
-            convert_detector_checkpoint(args.src, args.dst, strict=args.strict)
+            convert_detector_checkpoint(args.src, args.dst, strict=args.strict, preset=args.preset)
         else:
             _convert_lxmert(args)
     except (ValueError, OSError, SafetensorError) as exc:
@@ -49,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _convert_lxmert(args: argparse.Namespace) -> None:
     from model import convert_lxmert
-    from pipelines.answers import ANSWERS_FILE, AnswerTable
+    from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 
     table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
     dst = convert_lxmert(

@@ -10,12 +10,20 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", default="demo_run", help="where data, features, runs and the report go")
+    from pipelines.apps.demo.demo import DemoConfig
+    from pipelines.commands.run_options import config_default
+
+    workdir, seed = config_default(DemoConfig, "workdir"), config_default(DemoConfig, "seed")
+    parser.add_argument(
+        "--workdir",
+        default=workdir,
+        help=f"where data, features, runs and the report go (default: {workdir})",
+    )
     parser.add_argument(
         "--seed",
         type=int,
-        default=0,
-        help="seed of the scenes and of training; the same seed gives the same numbers (default: 0)",
+        default=seed,
+        help=f"seed of the scenes and of training; the same seed gives the same numbers (default: {seed})",
     )
     parser.add_argument("--images", type=int, help="number of generated images (default: 240; --quick: 36)")
     parser.add_argument(
@@ -28,14 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.demo import DemoConfig, DemoError, run_demo
+    from pipelines.apps.demo.demo import DemoConfig, DemoError, run_demo
+    from pipelines.cli import main
 
     kw = {"workdir": args.workdir, "seed": args.seed, "weights": args.weights}
     if args.images is not None:
         kw["images"] = args.images
     cfg = DemoConfig.quick(**kw) if args.quick else DemoConfig(**kw)
     try:
-        summary = run_demo(cfg)
+        summary = run_demo(cfg, xmodal=main)
     except DemoError as exc:
         log.error("%s", exc)
         return 1

@@ -1,4 +1,4 @@
-"""`xmodal evaluate vqa|gqa|nlvr2`: predictions in the official format, and metrics for labelled splits."""
+"""`xmodal evaluate TASK`: predictions in the official format, and metrics for labelled splits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", choices=("vqa", "gqa", "nlvr2"), help="the task the checkpoint was tuned for")
+    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE, DEFAULT_DEVICE
+    from pipelines.tasks import finetuning_tasks
+
+    parser.add_argument("task", choices=finetuning_tasks(), help="the task the checkpoint was tuned for")
     parser.add_argument("--checkpoint", required=True, help="fine-tuned directory (runs/vqa/best)")
     parser.add_argument("--features", nargs="+", required=True, metavar="LMDB", help="feature stores")
     parser.add_argument("--split", nargs="+", required=True, metavar="JSON", help="examples to predict")
@@ -18,12 +21,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prediction file: VQA [{question_id, answer}], GQA [{questionId, prediction}] JSON, "
         "NLVR2 identifier,True|False CSV; metrics go beside it as <stem>.metrics.json",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass (default: 64)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: a GPU if any)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"examples per forward pass (default: {DEFAULT_BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--device", default=DEFAULT_DEVICE, help="cpu, cuda, cuda:N (default: auto, a GPU if any)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.evaluate import evaluate, metrics_path
+    from pipelines.apps.evaluate import evaluate, metrics_path
 
     try:
         metrics = evaluate(
@@ -37,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ValueError, KeyError, FileNotFoundError) as exc:
         print(f"xmodal evaluate: {exc}", file=sys.stderr)
-        return 2
+        return 1
     print(f"predictions: {args.out}")
     if metrics is None:
         print("the split has unlabelled examples: no metrics (submit the predictions to the server)")

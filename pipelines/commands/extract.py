@@ -7,6 +7,8 @@ import json
 import logging
 import shlex
 
+from pipelines.commands.run_options import add_overrides_argument, config_default, split_overrides
+
 log = logging.getLogger(__name__)
 
 EPILOG = """\
@@ -20,6 +22,8 @@ NAME.summary.json (total, done, skipped, failed, images_per_s, elapsed_s, ...), 
 Exit status: 0; 2 when more than --max-failures images failed (after finishing all others); 1 for
 unusable input (missing path, duplicate or too long ids, settings that differ from the existing store's),
 replicas the cluster cannot start within --startup-timeout, or replicas that keep dying.
+--config takes a YAML of ExtractConfig keys; flags win over it, and KEY=VALUE items (batch_size=8,
+overrides.nms_thresh=0.3) over both.
 
 --address: none = a private local Ray instance (dashboard on 127.0.0.1); auto / HOST:6379 / ray://HOST:10001
 join a cluster from this machine, uploading xmodal's packages (every node needs the dependencies: torch,
@@ -29,32 +33,43 @@ cluster can see.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from extraction.config import SELECTION_RULES
+    from pipelines.jobs.extract.config import ExtractConfig
+    from pipelines.jobs.image_inputs import ID_RULES
+
+    def default(name: str) -> str:
+        return f"(default: {config_default(ExtractConfig, name)})"
+
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     parser.add_argument(
-        "inputs", nargs="+", metavar="IMAGES_DIR_OR_LIST", help="image folders, list files or images"
+        "inputs", nargs="*", metavar="IMAGES_DIR_OR_LIST", help="image folders, list files or images"
     )
-    parser.add_argument("--out", required=True, help="feature store to create or resume (e.g. feats.lmdb)")
-    parser.add_argument("--recursive", action="store_true", help="descend into sub-folders")
+    parser.add_argument("--out", help="feature store to create or resume (e.g. feats.lmdb)")
     parser.add_argument(
-        "--id-from", choices=("stem", "relpath"), default="stem", help="record id rule (default: stem)"
+        "--config", help="YAML with ExtractConfig keys (inputs, out, preset, batch_size, ...)"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (for logs and scripts)")
+    parser.add_argument("--recursive", action="store_true", default=None, help="descend into sub-folders")
+    parser.add_argument("--id-from", choices=ID_RULES, help=f"record id rule {default('id_from')}")
+    parser.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=None,
+        help="no progress bar (for logs and scripts)",
+    )
     det = parser.add_argument_group("detector")
     det.add_argument(
         "--weights",
         help="detector checkpoint: faster_rcnn_from_caffe_attr.pkl, HuggingFace pytorch_model.bin or "
         ".safetensors (default: random weights, for tests only)",
     )
-    det.add_argument("--preset", default="vg-r101-c4", help="detector preset (default: vg-r101-c4, LXMERT's)")
+    det.add_argument("--preset", help=f"detector preset {default('preset')}")
     det.add_argument(
-        "--selection",
-        default="caffe",
-        choices=("caffe", "maxnms", "threshold"),
-        help="region selection rule (default: caffe)",
+        "--selection", choices=SELECTION_RULES, help=f"region selection rule {default('selection')}"
     )
-    det.add_argument("--min-boxes", type=int, default=36, help="fewest regions per image (default: 36)")
-    det.add_argument("--max-boxes", type=int, default=36, help="most regions per image (default: 36)")
+    det.add_argument("--min-boxes", type=int, help=f"fewest regions per image {default('min_boxes')}")
+    det.add_argument("--max-boxes", type=int, help=f"most regions per image {default('max_boxes')}")
     det.add_argument("--min-size", type=int, help="input shortest side (default: the preset's, 600)")
     det.add_argument("--max-size", type=int, help="input longest side cap (default: the preset's, 1000)")
     det.add_argument(
@@ -66,11 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="any other detector or selection setting, e.g. --set post_nms_topk=100 (repeatable)",
     )
     ray_group = parser.add_argument_group("Ray")
-    ray_group.add_argument("--batch-size", type=int, default=4, help="images per detector call (default: 4)")
+    ray_group.add_argument("--batch-size", type=int, help=f"images per detector call {default('batch_size')}")
     ray_group.add_argument(
         "--workers", type=int, help="detector replicas (default: one per GPU, else 1 on CPU)"
     )
-    ray_group.add_argument("--gpus-per-worker", type=float, default=1.0, help="GPUs per replica (default: 1)")
+    ray_group.add_argument(
+        "--gpus-per-worker", type=float, help=f"GPUs per replica {default('gpus_per_worker')}"
+    )
     ray_group.add_argument(
         "--cpus-per-worker",
         type=float,
@@ -84,55 +101,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--startup-timeout",
         type=float,
         metavar="SECONDS",
-        help="give up (exit 1) when the replicas are not all started after this long (default: 600)",
+        help="give up (exit 1) when the replicas are not all started after this long "
+        + default("startup_timeout"),
     )
     ray_group.add_argument(
         "--max-failures",
         type=int,
-        default=0,
-        help="failed images tolerated before the exit status is 2 (default: 0)",
+        help=f"failed images tolerated before the exit status is 2 {default('max_failures')}",
     )
+    add_overrides_argument(parser, "extract config overrides, e.g. batch_size=8 commit_seconds=5")
+
+
+def resolve_extract_config(args: argparse.Namespace):
+    """ExtractConfig defaults < --config YAML < flags < KEY=VALUE overrides; `--set` detector settings and
+    --min-size/--max-size merge into `overrides`."""
+    from pipelines.engine import config_io
+    from pipelines.jobs.extract.config import ExtractConfig
+
+    inputs, overrides = split_overrides(args.inputs, args.overrides)
+    cfg = config_io.load(ExtractConfig, args.config)
+    flags = {
+        "inputs": inputs or None,
+        "out": args.out,
+        "recursive": args.recursive,
+        "id_from": args.id_from,
+        "preset": args.preset,
+        "weights": args.weights,
+        "selection": args.selection,
+        "min_boxes": args.min_boxes,
+        "max_boxes": args.max_boxes,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "gpus_per_worker": args.gpus_per_worker,
+        "cpus_per_worker": args.cpus_per_worker,
+        "address": args.address,
+        "startup_timeout": args.startup_timeout,
+        "max_failures": args.max_failures,
+        "progress": args.progress,
+    }
+    cfg = config_io.merge(cfg, {k: v for k, v in flags.items() if v is not None}, where="command line")
+    detector = _parse_overrides(args.detector_overrides)
+    detector.update(
+        {k: v for k, v in (("min_size", args.min_size), ("max_size", args.max_size)) if v is not None}
+    )
+    if detector:
+        cfg = config_io.merge(cfg, {"overrides": {**cfg.overrides, **detector}}, where="command line")
+    return config_io.apply_overrides(cfg, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.ray_runtime import is_job_api_address
+    from pipelines.jobs.ray_runtime import is_job_api_address
 
     if is_job_api_address(args.address):
         return _submit_self(args)
 
     from extraction.config import resolve_config
-    from pipelines.extract import ExtractConfig, JobError, run_extract
-    from pipelines.image_inputs import InputError
+    from pipelines.jobs.extract.config import JobError
+    from pipelines.jobs.extract.driver import run_extract
+    from pipelines.jobs.image_inputs import InputError
 
     try:
-        overrides = _parse_overrides(args.detector_overrides)
-        resolve_config(args.preset, args.selection, args.min_boxes, args.max_boxes, **overrides)
+        cfg = resolve_extract_config(args)
+        if not cfg.inputs or not cfg.out:
+            raise ValueError("give the image folders (or inputs: in --config) and --out (or out:)")
+        detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
+        resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
     except ValueError as exc:
         log.error("%s", exc)
         return 1
-    overrides.update(
-        {k: v for k, v in (("min_size", args.min_size), ("max_size", args.max_size)) if v is not None}
-    )
-    cfg = ExtractConfig(
-        inputs=list(args.inputs),
-        out=args.out,
-        recursive=args.recursive,
-        id_from=args.id_from,
-        preset=args.preset,
-        weights=args.weights,
-        selection=args.selection,
-        min_boxes=args.min_boxes,
-        max_boxes=args.max_boxes,
-        overrides=overrides,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        gpus_per_worker=args.gpus_per_worker,
-        cpus_per_worker=args.cpus_per_worker,
-        address=args.address,
-        max_failures=args.max_failures,
-        progress=not args.no_progress,
-        **({"startup_timeout": args.startup_timeout} if args.startup_timeout is not None else {}),
-    )
     if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or cfg.startup_timeout <= 0:
         log.error("--batch-size and --workers must be at least 1, --startup-timeout above 0")
         return 1
@@ -146,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         log.error(
             "%d image(s) failed (more than --max-failures %d); see %s",
             summary.failed,
-            args.max_failures,
+            cfg.max_failures,
             summary.errors,
         )
     return summary.exit_code
@@ -154,8 +190,11 @@ def run(args: argparse.Namespace) -> int:
 
 def cluster_argv(args: argparse.Namespace) -> list[str]:
     """This command's arguments for a run on the cluster itself (`--address` dropped)."""
-    argv = ["extract", *args.inputs, "--out", args.out, "--id-from", args.id_from]
+    argv = ["extract", *args.inputs]
     flags = {
+        "--out": args.out,
+        "--config": args.config,
+        "--id-from": args.id_from,
         "--weights": args.weights,
         "--preset": args.preset,
         "--selection": args.selection,
@@ -177,9 +216,9 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--set", item]
     if args.recursive:
         argv.append("--recursive")
-    if args.no_progress:
+    if args.progress is False:
         argv.append("--no-progress")
-    return argv
+    return [*argv, *args.overrides]
 
 
 def _parse_overrides(items: list[str]) -> dict:
@@ -196,7 +235,7 @@ def _parse_overrides(items: list[str]) -> dict:
 
 
 def _submit_self(args: argparse.Namespace) -> int:
-    from pipelines.job_submission import submit_job
+    from pipelines.jobs.submission import submit_job
 
     argv = cluster_argv(args)
     log.info("submitting to %s: xmodal %s", args.address, shlex.join(argv))

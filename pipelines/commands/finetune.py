@@ -1,4 +1,4 @@
-"""`xmodal finetune vqa|gqa|nlvr2`: fine-tune a pre-trained LXMERT on a question-answering or NLVR2 set."""
+"""`xmodal finetune TASK`: fine-tune a pre-trained model on one of the fine-tuning tasks of `TASKS`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,14 @@ best/ and last/ are self-contained for `xmodal evaluate` and `xmodal ask`.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
-    parser.add_argument("task", choices=("vqa", "gqa", "nlvr2"), help="which fine-tuning task")
+    from model import FAMILIES
+    from pipelines.tasks import finetuning_tasks
+
+    parser.add_argument("task", choices=finetuning_tasks(), help="which fine-tuning task")
     add_run_arguments(parser, "files")
+    parser.add_argument(
+        "--arch", choices=sorted(FAMILIES), help="model family without --init (default: task.arch)"
+    )
     parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
     parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")
     parser.add_argument(
@@ -38,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.finetune import FinetuneRun, default_run, finetune
+    from pipelines.tasks.finetune import FinetuneRun
+    from pipelines.tasks.finetuned import default_run, finetune
 
     out = Path(args.out)
     try:
@@ -47,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
             FinetuneRun,
             {
                 "init": args.init,
+                "arch": args.arch,
                 "vocab": args.vocab,
                 "answers": args.answers,
                 "init_answers": args.init_answers,
@@ -58,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         summary = finetune(run_cfg, out, resume=args.resume)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError) as exc:
         print(f"xmodal finetune: {exc}", file=sys.stderr)
-        return 2
+        return 1
     best = summary.get("best")
     if best:
         print(

@@ -1,4 +1,4 @@
-"""`xmodal pretrain`: pre-train LXMERT on the five tasks over region-feature stores."""
+"""`xmodal pretrain`: pre-train a model family (LXMERT's five tasks) over region-feature stores."""
 
 from __future__ import annotations
 
@@ -12,23 +12,29 @@ from pipelines.commands.run_options import add_run_arguments, resolve_run_config
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser, "pre-training JSON files")
     parser.add_argument("--vocab", help="vocab.txt or hub id (default: task.vocab)")
-    parser.add_argument("--preset", choices=("base", "tiny"), help="model size (default: task.preset)")
+    from model import FAMILIES
+
+    parser.add_argument("--arch", choices=sorted(FAMILIES), help="model family (default: task.arch)")
+    presets = sorted({name for family in FAMILIES.values() for name in family.config_class.PRESETS})
+    parser.add_argument("--preset", choices=presets, help="model size (default: task.preset)")
     parser.add_argument(
         "--answers", help="answer table JSON to load (ans2label dict or list) instead of building"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.pretrain import PretrainRun, pretrain
+    from pipelines.tasks.pretrain import PretrainRun, pretrain
 
     out = Path(args.out)
     try:
         run_cfg = resolve_run_config(
-            args, PretrainRun, {"vocab": args.vocab, "preset": args.preset, "answers": args.answers}
+            args,
+            PretrainRun,
+            {"arch": args.arch, "vocab": args.vocab, "preset": args.preset, "answers": args.answers},
         )
         summary = pretrain(run_cfg, out, resume=args.resume)
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal pretrain: {exc}", file=sys.stderr)
-        return 2
+        return 1
     print(f"pre-trained to step {summary['step']}: {out / 'last'}")
     return 0

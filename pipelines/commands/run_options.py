@@ -1,8 +1,10 @@
-"""Options shared by the training commands (`pretrain`, `finetune`) and how they resolve to a run config."""
+"""Options shared by the config-driven commands (`pretrain`, `finetune`, `extract`): YAML, flags and
+`KEY=VALUE` overrides, and how they resolve to a typed config."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,16 +50,43 @@ def add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
         "--cpus-per-worker", type=float, help="CPUs per Ray worker (default: train.cpus_per_worker)"
     )
     parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.grad_accum=2"
+        "--address",
+        help="Ray cluster for --workers: auto, HOST:PORT or ray://HOST:10001 (default: a private local "
+        "Ray instance, or RAY_ADDRESS when set)",
     )
+    add_overrides_argument(parser, "config overrides, e.g. train.grad_accum=2")
+
+
+def add_overrides_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """A trailing `KEY=VALUE ...` positional, accepted anywhere on the command line."""
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=help_text)
     _accept_overrides_anywhere(parser)
+
+
+def config_default(cls: type, name: str) -> Any:
+    """The default of dataclass field `name` (shown in help; the config stays the one place defining it)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+
+def split_overrides(items: list[str], overrides: list[str]) -> tuple[list[str], list[str]]:
+    """`nargs` lists swallow later positionals: KEY=VALUE items found in `items` join `overrides`."""
+    kept, found = [], list(overrides)
+    for item in items:
+        (found if _OVERRIDE.match(item) else kept).append(item)
+    return kept, found
 
 
 def resolve_run_config(
     args: argparse.Namespace, cls: type[T], task_flags: dict[str, Any], base: T | None = None
 ) -> T:
     """defaults (or `base`) < --config (or the run's own config.yaml on --resume) < flags < KEY=VALUE."""
-    from pipelines import config as config_io
+    from pipelines.engine import config_io
 
     features, train, valid, overrides = _split_overrides(args)
     config_path = args.config
@@ -74,6 +103,7 @@ def resolve_run_config(
         "workers": args.workers,
         "gpus_per_worker": args.gpus_per_worker,
         "cpus_per_worker": args.cpus_per_worker,
+        "ray_address": args.address,
     }
     task = {
         "features": features,
@@ -93,15 +123,12 @@ def resolve_run_config(
 
 
 def _split_overrides(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[str]]:
-    """`nargs="+"` options swallow later positionals: KEY=VALUE items found there are overrides."""
+    """The data lists without the KEY=VALUE items they swallowed, and all overrides."""
     overrides = list(args.overrides)
-    lists = []
-    for items in (args.features, args.train, args.valid):
-        kept = []
-        for item in items:
-            (overrides if _OVERRIDE.match(item) else kept).append(item)
-        lists.append(kept)
-    return lists[0], lists[1], lists[2], overrides
+    features, overrides = split_overrides(args.features, overrides)
+    train, overrides = split_overrides(args.train, overrides)
+    valid, overrides = split_overrides(args.valid, overrides)
+    return features, train, valid, overrides
 
 
 def _accept_overrides_anywhere(parser: argparse.ArgumentParser) -> None:

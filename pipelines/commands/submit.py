@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.job_submission import submit_job
+    from pipelines.jobs.submission import submit_job
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if not argv:

@@ -19,12 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.tokenization import DEFAULT_VOCAB_SIZE, build_vocab, load_tokenizer
+    from pipelines.data.text import DEFAULT_VOCAB_SIZE, build_vocab, load_tokenizer
 
     try:
         out = build_vocab(args.corpus, args.out, args.vocab_size or DEFAULT_VOCAB_SIZE)
     except (OSError, ValueError) as exc:
         print(f"xmodal vocab build: {exc}", file=sys.stderr)
-        return 2
+        return 1
     print(f"wrote {out} ({len(load_tokenizer(out))} tokens)")
     return 0

@@ -52,7 +52,7 @@ def in_process(folder: Path, overrides: dict, batch_size: int, device: str) -> d
 
 
 def with_ray(folder: Path, overrides: dict, batch_size: int, workers: int, out: Path) -> dict:
-    from pipelines.extract import ExtractConfig, run_extract
+    from pipelines.jobs.extract.driver import ExtractConfig, run_extract
 
     cfg = ExtractConfig(
         inputs=[str(folder)],

@@ -24,10 +24,12 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pipelines import config as config_io  # noqa: E402
-from pipelines.pretrain import PretrainRun, PretrainTask  # noqa: E402
-from pipelines.tokenization import build_vocab  # noqa: E402
-from pipelines.trainer import BatchDataset, fit, read_metrics, to_device  # noqa: E402
+from pipelines.data.text import build_vocab  # noqa: E402
+from pipelines.engine import config_io  # noqa: E402
+from pipelines.engine.launch import fit  # noqa: E402
+from pipelines.engine.run_log import read_metrics  # noqa: E402
+from pipelines.engine.trainer import BatchDataset, to_device  # noqa: E402
+from pipelines.tasks.pretrain import PretrainRun, PretrainTask  # noqa: E402
 from storage import FeatureWriter, RegionFeatures  # noqa: E402
 
 BOXES, DIM, SENTENCES = 36, 2048, 5

@@ -112,15 +112,6 @@ def test_all_rules_and_fewer_regions_than_min_boxes_are_not_padded(small_detecto
             assert len({tuple(b) for b in rec.boxes.tolist()}) == rec.num_boxes
 
 
-def test_provenance_and_feature_dim(small_detector):
-    prov = small_detector.provenance()
-    assert prov["preset"] == "vg-r101-c4" and prov["weights"] == "random"
-    assert prov["selection"] == "caffe" and (prov["min_boxes"], prov["max_boxes"]) == (2, 6)
-    assert prov["config"]["min_size"] == 64 and prov["config"]["post_nms_topk"] == 8
-    assert {"torch", "torchvision"} <= set(prov["versions"])
-    assert small_detector.feature_dim == 2048
-
-
 def test_bad_build_arguments_are_named():
     with pytest.raises(ValueError, match="min_sise"):
         Detector.build(min_sise=64)

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from extraction.config import SelectionConfig
-from extraction.selection import per_class_max_conf, select_caffe, select_maxnms, select_threshold
+from extraction.config import SELECTION_RULES
+from extraction.selection import (
+    RULES,
+    SelectionConfig,
+    per_class_max_conf,
+    select,
+    select_caffe,
+    select_maxnms,
+    select_threshold,
+)
 
 
 def iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -155,3 +163,22 @@ def test_rules_accept_no_proposals():
     for fn in (select_maxnms, select_threshold):
         assert fn(probs, pred, SelectionConfig("maxnms")).index.numel() == 0
     assert select_caffe(torch.zeros(0, 4), probs, SelectionConfig()).index.numel() == 0
+
+
+def test_rule_table_dispatches_and_says_which_rules_need_boxes():
+    boxes, probs, pred = score_table(4)
+    b, p, r = torch.from_numpy(boxes), torch.from_numpy(probs), torch.from_numpy(pred)
+    assert SELECTION_RULES == tuple(RULES) == ("caffe", "maxnms", "threshold")
+    assert {name for name, rule in RULES.items() if not rule.needs_boxes} == {"caffe"}
+    direct = {
+        "caffe": select_caffe(b, p, SelectionConfig("caffe", 5, 10)),
+        "maxnms": select_maxnms(p, r, SelectionConfig("maxnms", 5, 10)),
+        "threshold": select_threshold(p, r, SelectionConfig("threshold", 5, 10)),
+    }
+    for name, want in direct.items():
+        got = select(b, p, r if RULES[name].needs_boxes else None, SelectionConfig(name, 5, 10))
+        assert torch.equal(got.index, want.index) and torch.equal(got.classes, want.classes), name
+    with pytest.raises(ValueError, match="needs the regressed boxes"):
+        select(b, p, None, SelectionConfig("maxnms"))
+    with pytest.raises(ValueError, match="selection rule must be one of"):
+        SelectionConfig("best")

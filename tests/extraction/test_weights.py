@@ -188,3 +188,22 @@ def test_convert_refuses_an_incomplete_checkpoint_unless_not_strict(tmp_path):
     report = convert_detector_checkpoint(src, dst, strict=False)
     assert len(report.missing) == 534 and report.unexpected == ["junk"]
     assert list(load_file(str(dst))) == ["backbone.stem.conv1.weight"]
+
+
+def test_convert_checks_against_the_named_preset(tmp_path, arrays, monkeypatch):
+    from safetensors import safe_open
+
+    from extraction.config import PRESETS
+
+    monkeypatch.setitem(PRESETS, "small-test", SMALL)
+    src = tmp_path / "small.safetensors"
+    save_file({k: torch.from_numpy(v) for k, v in arrays.items()}, str(src))
+    dst = tmp_path / "out.safetensors"
+    with pytest.raises(CheckpointError, match="mismatched"):
+        convert_detector_checkpoint(src, dst)  # the default preset is the full R101 with 1600 classes
+    assert convert_detector_checkpoint(src, dst, preset="small-test").ok
+    assert set(load_file(str(dst))) == set(arrays)
+    with safe_open(str(dst), "pt") as f:
+        assert f.metadata()["preset"] == "small-test"
+    with pytest.raises(ValueError, match="unknown detector preset 'r50'"):
+        convert_detector_checkpoint(src, dst, preset="r50")

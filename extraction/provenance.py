@@ -1,0 +1,108 @@
+"""What produced a feature store (preset, configs, weights, versions), and its inverse: the
+`Detector.build` arguments that reproduce a recorded extraction."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import platform
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from extraction.config import DEFAULT_PRESET, PRESETS, DetectorConfig
+from extraction.selection import SelectionConfig
+
+log = logging.getLogger(__name__)
+
+DETECTOR_NAME = "vg-faster-rcnn-r101-c4"
+# SelectionConfig fields that Detector.build takes as its own arguments rather than as overrides
+SELECTION_ARGUMENTS = {"rule": "selection", "min_boxes": "min_boxes", "max_boxes": "max_boxes"}
+
+
+def weights_record(path: str | Path | None, seed: int, report: dict | None = None) -> dict:
+    """The weights part of the provenance: the file and its sha256, or "random" and the seed."""
+    if path is None:
+        return {"path": "random", "sha256": None, "seed": seed}
+    return {"path": str(path), "sha256": sha256(Path(path)), "report": report}
+
+
+def provenance(
+    preset: str, config: DetectorConfig, selection: SelectionConfig, weights: dict, feature_dim: int
+) -> dict:
+    """What produced the features: preset, configs, weights (path + sha256 or random), versions."""
+    import cv2
+    import PIL
+    import torchvision
+
+    return {
+        "detector": DETECTOR_NAME,
+        "preset": preset,
+        "config": dataclasses.asdict(config),
+        "weights": weights["path"],
+        "weights_sha256": weights["sha256"],
+        "selection": selection.rule,
+        "selection_config": dataclasses.asdict(selection),
+        "min_boxes": selection.min_boxes,
+        "max_boxes": selection.max_boxes,
+        "feature_dim": int(feature_dim),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "numpy": np.__version__,
+            "opencv": cv2.__version__,
+            "pillow": PIL.__version__,
+        },
+    }
+
+
+def detector_settings(recorded: dict) -> dict:
+    """`Detector.build` keyword arguments that reproduce the extraction `recorded` by `provenance`: preset,
+    selection rule, box counts, every setting that differed from the preset (input size, proposals,
+    thresholds...) and the weights file if it still exists (else `weights=None`, random weights).
+
+    Keys this version does not know are ignored; an unknown preset falls back to the default one.
+    """
+    preset = recorded.get("preset") if recorded.get("preset") in PRESETS else DEFAULT_PRESET
+    settings: dict = {"preset": preset}
+    if recorded.get("selection"):
+        settings["selection"] = recorded["selection"]
+    for key in ("min_boxes", "max_boxes"):
+        if isinstance(recorded.get(key), int):
+            settings[key] = recorded[key]
+    defaults = {
+        "config": dataclasses.asdict(PRESETS[preset]),
+        "selection_config": {
+            k: v for k, v in dataclasses.asdict(SelectionConfig()).items() if k not in SELECTION_ARGUMENTS
+        },
+    }
+    for section, known in defaults.items():
+        for key, value in (recorded.get(section) or {}).items():
+            if key in known and _plain(value) != _plain(known[key]):
+                settings[key] = _plain(value)
+    path = recorded.get("weights")
+    weights = None
+    if path and path != "random":
+        if Path(path).is_file():
+            weights = path
+            log.info("using the detector weights the features were made with: %s", path)
+        else:
+            log.warning("the detector weights the features were made with (%s) are gone", path)
+    settings["weights"] = weights
+    return settings
+
+
+def _plain(value):
+    """JSON gives lists where the configs hold tuples."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,78 @@
+"""Evaluate a fine-tuned directory on a split: official-format predictions, metrics when labelled."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from pipelines.data.examples import check_images
+from pipelines.engine.trainer import to_device
+from pipelines.tasks.finetuned import load_finetuned
+from storage import FeatureReader
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_DEVICE = "auto"  # a GPU if any
+
+
+def metrics_path(predictions_path: str | Path) -> Path:
+    """Where the metrics JSON goes: beside the predictions, `<stem>.metrics.json`."""
+    path = Path(predictions_path)
+    return path.with_name(f"{path.stem}.metrics.json")
+
+
+def evaluate(
+    checkpoint: str | Path,
+    features: Sequence[str | Path],
+    split: Sequence[str | Path],
+    out: str | Path,
+    task: str | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str = DEFAULT_DEVICE,
+    loader_workers: int = 0,
+) -> dict[str, float] | None:
+    """Predict every example of `split`, write `out` in the task's official format, and return the metrics
+    (also written to `metrics_path(out)`) when every example is labelled; None otherwise."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    tuned = load_finetuned(checkpoint, dev)
+    if task is not None and task != tuned.task:
+        raise ValueError(f"{checkpoint} was fine-tuned for {tuned.task}, not {task}")
+    kind = tuned.kind
+    examples = kind.load_examples(split)
+    if not examples:
+        raise ValueError(f"{', '.join(map(str, split))} holds no example")
+    reader = FeatureReader(features)
+    if reader.feature_dim != tuned.model.config.visual_feat_dim:
+        raise ValueError(
+            f"the store holds {reader.feature_dim}-d features, the model expects "
+            f"{tuned.model.config.visual_feat_dim}-d; evaluate on features from the same detector"
+        )
+    check_images(examples, reader, f"split {', '.join(map(str, split))}")
+    dataset = kind.dataset(examples, reader, tuned.tokenizer, tuned.answers, tuned.max_length)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=loader_workers,
+        collate_fn=functools.partial(kind.collate_items, pad_id=tuned.tokenizer.pad_token_id),
+    )
+    predictions, loss = kind.predict(tuned.model, (to_device(b, dev) for b in loader), tuned.answers)
+    path = kind.write_predictions(out, predictions)
+    log.info("wrote %d predictions to %s", len(predictions), path)
+    if any(e.label is None for e in examples):
+        log.info("the split is (partly) unlabelled: no metrics, submit %s to the evaluation server", path)
+        return None
+    metrics = kind.score(predictions, examples)
+    if loss is not None:
+        metrics["loss"] = loss
+    metrics_path(path).write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics

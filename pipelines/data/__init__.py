@@ -1,0 +1,1 @@
+"""Data for the tasks: stored regions to model tensors, text, answer tables, JSON rows, datasets."""

@@ -1,0 +1,37 @@
+"""What every fine-tuning example offers (its key, its images, its label), and the store check over them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class Example(Protocol):
+    """A labelled or unlabelled example of a fine-tuning split."""
+
+    label: Any
+
+    @property
+    def key(self) -> int | str: ...
+
+    @property
+    def images(self) -> tuple[str, ...]: ...
+
+
+def image_ids(examples: Sequence[Example]) -> list[str]:
+    """Every image id the examples refer to, in first-use order."""
+    ids: dict[str, None] = {}
+    for ex in examples:
+        for img in ex.images:
+            ids.setdefault(img, None)
+    return list(ids)
+
+
+def check_images(examples: Sequence[Example], features, what: str) -> None:
+    """Fail with a count and examples when images are missing from the feature store."""
+    missing = [img for img in image_ids(examples) if img not in features]
+    if missing:
+        raise ValueError(
+            f"{what}: {len(missing)} image ids are not in the feature store (e.g. {missing[:5]}); "
+            "extract them or pass the store that holds them"
+        )

@@ -1,0 +1,145 @@
+"""Text: BERT uncased WordPiece tokenizers (load, save, train a vocab), encoded sentences, padded ids."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+DEFAULT_VOCAB_SIZE = 30522  # bert-base-uncased
+
+
+def load_tokenizer(vocab: str | Path):
+    """A `BertTokenizerFast` (lowercasing) from a vocab.txt, a directory holding one, or a hub id."""
+    from transformers import BertTokenizerFast
+
+    path = Path(vocab)
+    if path.is_dir() and (path / "vocab.txt").is_file():
+        path = path / "vocab.txt"
+    if path.is_file():
+        tokens = set(path.read_text(encoding="utf-8").splitlines())
+        missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+        if missing:
+            raise ValueError(
+                f"vocab {path} lacks the special tokens {missing}; build one with `xmodal vocab build`"
+            )
+        # from_pretrained(directory) reads a vocab.txt the same way across transformers versions
+        if path.name == "vocab.txt":
+            return BertTokenizerFast.from_pretrained(str(path.parent), do_lower_case=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copyfile(path, Path(tmp) / "vocab.txt")
+            return BertTokenizerFast.from_pretrained(tmp, do_lower_case=True)
+    if path.suffix == ".txt" or path.exists():
+        raise FileNotFoundError(f"vocab {vocab}: no such vocab.txt; build one with `xmodal vocab build`")
+    try:
+        return BertTokenizerFast.from_pretrained(str(vocab), do_lower_case=True)
+    except OSError as exc:
+        raise OSError(
+            f"could not load tokenizer {vocab!r} from the HuggingFace hub ({exc}); without hub access, "
+            "build a vocab with `xmodal vocab build CORPUS... --out vocab.txt` and pass its path"
+        ) from exc
+
+
+def corpus_texts(files: Sequence[str | Path]) -> Iterator[str]:
+    """Sentences of text files (one per line), pre-training JSON (`sentf`) or VQA/GQA/NLVR2 JSON (`sent`)."""
+    for f in files:
+        f = Path(f)
+        if f.suffix.lower() != ".json":
+            with f.open(encoding="utf-8") as fh:
+                yield from (line.strip() for line in fh if line.strip())
+            continue
+        try:
+            rows = json.loads(f.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{f}: not valid JSON ({exc})") from exc
+        if not isinstance(rows, list):
+            raise ValueError(f"{f}: expected a JSON list of examples")
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or not ("sentf" in row or "sent" in row):
+                raise ValueError(f"{f}: row {i} has neither 'sentf' nor 'sent'")
+            if isinstance(row.get("sent"), str):
+                yield row["sent"]
+            for sents in (row.get("sentf") or {}).values():
+                yield from (s for s in sents if isinstance(s, str))
+
+
+def build_vocab(
+    corpus_files: Sequence[str | Path], out: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> Path:
+    """Train a lowercase WordPiece vocab (BERT's normaliser and pre-tokeniser) and write vocab.txt."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, clean_text=True, handle_chinese_chars=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_texts(corpus_files), trainer=trainer)
+    vocab = tok.get_vocab()
+    if len(vocab) <= len(SPECIAL_TOKENS):
+        raise ValueError(f"no text found in {[str(f) for f in corpus_files]}: cannot build a vocab")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(t + "\n" for t in sorted(vocab, key=vocab.__getitem__)), encoding="utf-8")
+    return out
+
+
+def save_tokenizer(tokenizer, directory: str | Path) -> None:
+    """Write vocab.txt (what `load_tokenizer` and the original code read) and the tokenizer's own files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_vocab(tokenizer, directory / "vocab.txt")
+    tokenizer.save_pretrained(str(directory))
+
+
+def write_vocab(tokenizer, path: str | Path) -> None:
+    """The tokenizer's vocabulary as vocab.txt: one token per line, in id order."""
+    vocab = tokenizer.get_vocab()
+    Path(path).write_text("".join(t + "\n" for t in sorted(vocab, key=vocab.__getitem__)), encoding="utf-8")
+
+
+def encode_text(tokenizer, sent: str, max_length: int) -> np.ndarray:
+    """`[CLS] tokens [SEP]` ids, truncated to `max_length`."""
+    return np.asarray(tokenizer(sent, truncation=True, max_length=max_length)["input_ids"], dtype=np.int64)
+
+
+class EncodedTexts:
+    """All sentences tokenized once up front, kept as one flat array plus offsets: no per-item tokenizer
+    calls, and no per-sentence Python objects for forked DataLoader workers to copy on access."""
+
+    def __init__(self, tokenizer, sents: Sequence[str], max_length: int, chunk: int = 65536) -> None:
+        pieces: list[np.ndarray] = []
+        for start in range(0, len(sents), chunk):
+            encoded = tokenizer(list(sents[start : start + chunk]), truncation=True, max_length=max_length)
+            pieces.extend(np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"])
+        lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self.ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i] : self.offsets[i + 1]].astype(np.int64)
+
+
+def pad_text(seqs: list[np.ndarray], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask` (1 = real token) and zero `token_type_ids`."""
+    length = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.from_numpy(s)
+        mask[i, : len(s)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}

@@ -1,0 +1,1 @@
+"""The training engine: the loop and its Task protocol, launch, checkpoints, run log, typed config IO."""

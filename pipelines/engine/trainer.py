@@ -1,0 +1,418 @@
+"""The training loop shared by pre-training and fine-tuning: the Task protocol, and one worker's run
+(build, restore, step, validate) with exact resume; checkpoints and the run log are called at fixed points."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from pipelines.engine import config_io
+from pipelines.engine.checkpoints import STATE_FILE, latest_checkpoint, prune, replace_dir, step_dir
+from pipelines.engine.run_log import RunLog
+
+log = logging.getLogger(__name__)
+
+_TRAIN_STREAM, _VALID_STREAM, _STEP_STREAM = 0, 1, 2
+
+
+@dataclass
+class TrainConfig:
+    """How to optimise; the task decides what. `batch_size` is global: examples per optimizer step over
+    all workers and accumulation steps (a micro-batch holds batch_size / (workers x grad_accum))."""
+
+    lr: float = 1e-4
+    batch_size: int = 32
+    epochs: int = 1
+    max_steps: int | None = None  # when set, wins over epochs
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.01
+    decay_norm_and_bias: bool = True  # the release's BertAdam decays every parameter; False skips 1-d ones
+    clip_norm: float | None = 1.0
+    grad_accum: int = 1
+    amp: Literal["auto", "none", "bf16", "fp16"] = "auto"  # autocast on CUDA only; auto = bf16 if supported
+    save_every: int | None = None  # steps between checkpoints; one is always written at the end
+    keep_checkpoints: int | None = None  # keep only the newest K step directories
+    log_every: int = 10
+    eval_every: int | None = None  # steps between validations; None = at each epoch end
+    eval_batch_size: int | None = None  # None = the micro-batch size
+    seed: int = 0
+    loader_workers: int = 2
+    device: str = "auto"  # auto = this worker's GPU if any, else cpu
+    workers: int = 0  # 0 = train in this process (or under torchrun); N = N Ray Train workers
+    gpus_per_worker: float | None = None  # None = 1 when the Ray cluster has GPUs, else CPU workers
+    cpus_per_worker: float = 1.0
+    ray_address: str | None = None  # None = a private local Ray instance (or RAY_ADDRESS when set)
+
+
+class Task(Protocol):
+    """What `fit` trains. Batches are dicts; tensors in them are moved to the device by the loop.
+
+    Optional: `config` (a dataclass written into config.yaml) and `set_epoch(epoch)` (called before each
+    epoch's batches, in every worker, e.g. for schedules that switch a loss on)."""
+
+    primary_metric: str | None  # validation key for best/ (higher is better); None = no best/
+
+    def build_model(self) -> torch.nn.Module: ...
+
+    def train_dataset(self) -> Dataset: ...
+
+    def valid_dataset(self) -> Dataset | None: ...
+
+    def collate(self, items: list, rng: np.random.Generator) -> dict: ...
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+    def evaluate(self, model: torch.nn.Module, loader: Any) -> dict[str, float]: ...
+
+    def save(self, model: torch.nn.Module, directory: Path) -> None: ...
+
+
+class BatchDataset(Dataset):
+    """Micro-batch g of a pass: its examples and its collation RNG follow from (key, g) alone, so any
+    number of loader workers, and a resumed run, produce the very same batches."""
+
+    def __init__(self, dataset: Dataset, collate, order: np.ndarray, micro_batch: int, key: tuple[int, ...]):
+        self.dataset, self.collate, self.order = dataset, collate, order
+        self.micro_batch, self.key = micro_batch, key
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.order) / self.micro_batch)
+
+    def __getitem__(self, g: int) -> dict:
+        ids = self.order[g * self.micro_batch : (g + 1) * self.micro_batch]
+        items = [self.dataset[int(i)] for i in ids]
+        return self.collate(items, np.random.default_rng([*self.key, g]))
+
+
+class TrainingRun:
+    """One worker's run: build, restore, the loop with its optimizer steps, validation and checkpoints."""
+
+    def __init__(self, task: Task, cfg: TrainConfig, out_dir: Path, resume: bool):
+        dist = torch.distributed
+        self.task, self.cfg, self.out_dir = task, cfg, out_dir
+        self.distributed = dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        self.is_main = self.rank == 0
+        self.device = _pick_device(cfg.device)
+        self.amp_dtype = _amp_dtype(cfg.amp, self.device)
+        if cfg.batch_size % (self.world * cfg.grad_accum):
+            raise ValueError(
+                f"batch_size {cfg.batch_size} is not divisible by workers x grad_accum = "
+                f"{self.world} x {cfg.grad_accum}; change one of them"
+            )
+        self.micro_batch = cfg.batch_size // (self.world * cfg.grad_accum)
+        self.resume = resume
+        self.ckpt_root = out_dir / "checkpoints"
+        self.run_log = RunLog(out_dir, enabled=self.is_main)
+
+    # ---- setup
+    def _build(self) -> None:
+        cfg = self.cfg
+        self.train_set = self.task.train_dataset()
+        self.valid_set = self.task.valid_dataset()
+        self.steps_per_epoch = len(self.train_set) // cfg.batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"the training set has {len(self.train_set)} examples, fewer than one batch "
+                f"(batch_size={cfg.batch_size}); lower batch_size"
+            )
+        self.total_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * self.steps_per_epoch
+        torch.manual_seed(cfg.seed)
+        self.model = self.task.build_model().to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.model, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
+        )
+        warmup = int(cfg.warmup_ratio * self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _linear_schedule(warmup, self.total_steps)
+        )
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.step = 0
+        self.best: dict | None = None
+        self.last_train: dict = {}
+        self.last_valid: dict = {}
+
+    def _restore(self) -> None:
+        latest = latest_checkpoint(self.ckpt_root)
+        if not self.resume:
+            if latest is not None:
+                raise FileExistsError(
+                    f"{self.out_dir} already holds a run (checkpoint {latest.name}); pass --resume to "
+                    "continue it or choose another output directory"
+                )
+            return
+        if latest is None:
+            log.warning("resume requested but %s holds no checkpoint: starting from step 0", self.ckpt_root)
+            return
+        state = torch.load(latest / STATE_FILE, map_location=self.device, weights_only=True)
+        if state["micro_batch"] * state["world"] * state["grad_accum"] != self.cfg.batch_size:
+            raise ValueError(
+                f"{latest}: saved with batch_size {state['batch_size']}, now {self.cfg.batch_size}"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        self.best = json.loads(state["best"]) if state.get("best") else None
+        log.info("resumed from %s at step %d", latest, self.step)
+
+    # ---- loop
+    def train(self) -> dict:
+        cfg = self.cfg
+        self._build()
+        self._restore()
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.run_log.open(self.step)
+            self._write_config()
+        model = self.model
+        if self.distributed:
+            model = torch.nn.parallel.DistributedDataParallel(
+                self.model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=True,  # switched-off tasks leave their heads without gradients
+            )
+        window: dict[str, list[float]] = {}
+        tick, samples = time.perf_counter(), 0
+        while self.step < self.total_steps:
+            epoch, first = divmod(self.step, self.steps_per_epoch)
+            if hasattr(self.task, "set_epoch"):
+                self.task.set_epoch(epoch)
+            batches = self._train_batches(epoch, first)
+            model.train()
+            for _ in range(first, self.steps_per_epoch):
+                if self.step >= self.total_steps:
+                    break
+                lr = self.scheduler.get_last_lr()[0]
+                parts = self._optimizer_step(model, batches)
+                for k, v in parts.items():
+                    window.setdefault(k, []).append(v)
+                samples += cfg.batch_size
+                self.step += 1
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    now = time.perf_counter()
+                    row = {"step": self.step, "epoch": epoch, "lr": lr}
+                    row.update({k: float(np.mean(v)) for k, v in window.items()})
+                    row["samples_per_s"] = samples / max(now - tick, 1e-9)
+                    self.last_train = row
+                    self._log(row)
+                    window, tick, samples = {}, now, 0
+                end_of_epoch = self.step % self.steps_per_epoch == 0
+                due_eval = (cfg.eval_every and self.step % cfg.eval_every == 0) or (
+                    cfg.eval_every is None and end_of_epoch
+                )
+                if due_eval or self.step == self.total_steps:
+                    self._validate(epoch)
+                    model.train()
+                if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == self.total_steps:
+                    self._save_checkpoint()
+            del batches
+        summary = {
+            "step": self.step,
+            "train": self.last_train,
+            "valid": self.last_valid,
+            "best": self.best,
+            "out_dir": str(self.out_dir),
+        }
+        if self.is_main:
+            replace_dir(self.out_dir / "last", lambda d: self.task.save(self.model, d))
+            (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            self.run_log.curves()
+            self.run_log.close()
+        if self.distributed:
+            torch.distributed.barrier()
+        return summary
+
+    def _train_batches(self, epoch: int, first_step: int) -> Iterator[dict]:
+        cfg = self.cfg
+        order = np.random.default_rng([cfg.seed, _TRAIN_STREAM, epoch]).permutation(len(self.train_set))
+        data = BatchDataset(
+            self.train_set, self.task.collate, order, self.micro_batch, (cfg.seed, _TRAIN_STREAM, epoch)
+        )
+        # this worker's micro-batches: step s, accumulation a -> global micro index (s*accum+a)*world+rank
+        mine = [
+            (s * cfg.grad_accum + a) * self.world + self.rank
+            for s in range(first_step, self.steps_per_epoch)
+            for a in range(cfg.grad_accum)
+        ]
+        return iter(self._loader(data, mine))
+
+    def _loader(self, data: Dataset, indices: list[int]) -> DataLoader:
+        workers = self.cfg.loader_workers
+        return DataLoader(
+            data,
+            batch_size=None,
+            sampler=indices,
+            num_workers=workers,
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=False,
+            prefetch_factor=4 if workers > 0 else None,
+        )
+
+    def _optimizer_step(self, model: torch.nn.Module, batches: Iterator[dict]) -> dict[str, float]:
+        cfg = self.cfg
+        seed = np.random.SeedSequence([cfg.seed, _STEP_STREAM, self.step, self.rank]).generate_state(1)[0]
+        torch.manual_seed(int(seed))  # dropout of step s is the same whether or not the run was resumed
+        parts_sum: dict[str, float] = {}
+        for a in range(cfg.grad_accum):
+            batch = to_device(next(batches), self.device)
+            sync = a == cfg.grad_accum - 1 or not self.distributed
+            with contextlib.nullcontext() if sync else model.no_sync(), self._autocast():
+                loss, parts = self.task.loss(model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"loss is {loss.item()} at step {self.step}; lower lr or check the data"
+                )
+            scaled = loss / cfg.grad_accum
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            parts = {"loss": float(loss.detach()), **parts}
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + float(v) / cfg.grad_accum
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if cfg.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return parts_sum
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.amp_dtype)
+
+    # ---- validation, checkpoints, logs
+    def _validate(self, epoch: int) -> None:
+        if self.valid_set is None or len(self.valid_set) == 0:
+            return
+        if self.is_main:
+            cfg = self.cfg
+            size = cfg.eval_batch_size or self.micro_batch
+            order = np.arange(len(self.valid_set))
+            data = BatchDataset(self.valid_set, self.task.collate, order, size, (cfg.seed, _VALID_STREAM))
+            loader = self._loader(data, list(range(len(data))))
+            self.model.eval()
+            with torch.no_grad(), self._autocast():
+                metrics = self.task.evaluate(self.model, (to_device(b, self.device) for b in loader))
+            row = {"step": self.step, "epoch": epoch, **{f"valid_{k}": float(v) for k, v in metrics.items()}}
+            self.last_valid = row
+            self._log(row)
+            metric = self.task.primary_metric
+            if metric is not None:
+                if metric not in metrics:
+                    raise KeyError(
+                        f"evaluate() returned {sorted(metrics)} without the primary metric {metric!r}"
+                    )
+                if self.best is None or metrics[metric] > self.best["value"]:
+                    self.best = {"step": self.step, "metric": metric, "value": float(metrics[metric])}
+                    replace_dir(self.out_dir / "best", lambda d: self.task.save(self.model, d))
+                    (self.out_dir / "best" / "best.json").write_text(json.dumps({**self.best, "valid": row}))
+        if self.distributed:
+            torch.distributed.barrier()
+
+    def _save_checkpoint(self) -> None:
+        if self.is_main:
+            target = step_dir(self.ckpt_root, self.step)
+
+            def write(d: Path) -> None:
+                self.task.save(self.model, d)
+                state = {
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+                    "step": self.step,
+                    "best": json.dumps(self.best) if self.best else "",
+                    "batch_size": self.cfg.batch_size,
+                    "micro_batch": self.micro_batch,
+                    "world": self.world,
+                    "grad_accum": self.cfg.grad_accum,
+                }
+                torch.save(state, d / STATE_FILE)
+
+            replace_dir(target, write)
+            if self.cfg.keep_checkpoints:
+                prune(self.ckpt_root, self.cfg.keep_checkpoints)
+            self.run_log.curves()
+            log.info("checkpoint %s", target)
+        if self.distributed:
+            torch.distributed.barrier()
+
+    def _log(self, row: dict) -> None:
+        self.run_log.log(row)
+
+    def _write_config(self) -> None:
+        data: dict[str, Any] = {"train": config_io.to_dict(self.cfg)}
+        task_cfg = getattr(self.task, "config", None)
+        if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
+            data["task"] = config_io.to_dict(task_cfg)
+        config_io.save_yaml(data, self.out_dir / "config.yaml")
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to `device`; other values pass through."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def _pick_device(name: str) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    if device.type != "cuda" or amp == "none":
+        if amp in ("bf16", "fp16") and device.type != "cuda":
+            log.warning("amp=%s is for CUDA; training in float32 on %s", amp, device)
+        return None
+    if amp == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+
+
+def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.decay_norm_and_bias:
+        return [{"params": [p for _, p in params], "weight_decay": cfg.weight_decay}]
+    return [
+        {"params": [p for _, p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for _, p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def _linear_schedule(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor

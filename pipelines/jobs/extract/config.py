@@ -1,0 +1,112 @@
+"""What the extraction job is told (`ExtractConfig`, one place for its defaults), what it reports, and the
+settings it records in the store so that a resumed run cannot mix detectors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from extraction.config import DEFAULT_PRESET
+from pipelines.jobs.image_inputs import InputError
+
+SETTINGS_KEYS = ("preset", "selection", "min_boxes", "max_boxes", "overrides", "weights_sha256")
+
+
+@dataclass
+class ExtractConfig:
+    """Everything `xmodal extract` can be told; one place for the defaults."""
+
+    inputs: list[str] = field(default_factory=list)  # image folders, list files or images
+    out: str = ""  # the feature store to create or resume
+    recursive: bool = False
+    id_from: str = "stem"
+    preset: str = DEFAULT_PRESET
+    weights: str | None = None
+    selection: str = "caffe"
+    min_boxes: int = 36
+    max_boxes: int = 36
+    overrides: dict = field(default_factory=dict)  # Detector.build overrides (min_size, max_size, ...)
+    batch_size: int = 4
+    workers: int | None = None  # None: one per GPU, else one CPU replica
+    gpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = None  # None: 1 with GPUs, else the CPUs left after decoding, shared
+    address: str | None = None
+    max_failures: int = 0
+    max_attempts: int = 3  # tries per image (a batch, then alone) before it is recorded as failed
+    startup_timeout: float = 600.0  # seconds to wait for the replicas to be placed and built
+    dtype: str = "float16"
+    commit_seconds: float = 2.0  # commit at least this often, so a kill loses seconds of work
+    progress: bool = True
+    include_dashboard: bool = True
+
+
+class JobError(RuntimeError):
+    """The job cannot go on: its replicas cannot be placed, or keep dying whatever they are given."""
+
+
+@dataclass
+class ExtractSummary:
+    store: str
+    errors: str
+    total: int
+    done: int
+    skipped: int
+    failed: int
+    images_per_s: float  # while extracting: from the first batch sent to the last result written
+    elapsed_s: float  # the whole command, listing and Ray start-up included
+    startup_s: float  # listing, Ray start-up and replicas built
+    replicas: int
+    restarts: int
+    device: str
+    exit_code: int
+
+
+def errors_path(out: str | Path) -> Path:
+    """`feats.lmdb` -> `feats.errors.jsonl`, beside the store."""
+    return Path(out).with_suffix(".errors.jsonl")
+
+
+def summary_path(out: str | Path) -> Path:
+    """`feats.lmdb` -> `feats.summary.json`, beside the store."""
+    return Path(out).with_suffix(".summary.json")
+
+
+def build_kwargs(cfg: ExtractConfig, device: str) -> dict:
+    return dict(
+        preset=cfg.preset,
+        weights=cfg.weights,
+        device=device,
+        selection=cfg.selection,
+        min_boxes=cfg.min_boxes,
+        max_boxes=cfg.max_boxes,
+        **cfg.overrides,
+    )
+
+
+def recorded_settings(cfg: ExtractConfig, provenance: dict | None) -> dict:
+    """What decides the features; a resumed store must have been made with the same.
+
+    Without `provenance` (before any replica has hashed the weights) the checksum is left out.
+    """
+    settings = {
+        "preset": cfg.preset,
+        "selection": cfg.selection,
+        "min_boxes": cfg.min_boxes,
+        "max_boxes": cfg.max_boxes,
+        "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(cfg.overrides.items())},
+    }
+    if provenance is not None:
+        settings["weights_sha256"] = provenance.get("weights_sha256") or "random"
+    return settings
+
+
+def check_same_settings(out: Path, old: dict | None, new: dict) -> None:
+    if old is None:
+        return
+    changed = [k for k in SETTINGS_KEYS if k in new and old.get(k) != new[k]]
+    if changed:
+        detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        raise InputError(
+            f"{out} was extracted with other settings ({detail}); resuming would mix features: "
+            f"choose a new --out or the original settings"
+        )

@@ -1,0 +1,297 @@
+"""What every fine-tuning task shares: its config, the trainer Task built on a model family, and the
+self-contained directories it saves (model, vocab, answer table, finetune.json)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from model import CONFIG_NAME, FORMAT, get_family, read_checkpoint
+from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.examples import Example, check_images
+from pipelines.data.text import load_tokenizer, save_tokenizer
+from pipelines.engine.trainer import TrainConfig
+from storage import FeatureReader
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "finetune.json"
+DEFAULT_VOCAB = "bert-base-uncased"
+DEFAULT_ARCH = "lxmert"
+MODEL_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "visual_feats",
+    "visual_pos",
+    "visual_attention_mask",
+)
+
+
+@dataclass
+class FinetuneConfig:
+    """What to fine-tune on and from; `TrainConfig` says how to optimise."""
+
+    task: str = "vqa"  # a fine-tuning task of pipelines.tasks.TASKS
+    arch: str = (
+        DEFAULT_ARCH  # the model family (model.architectures.FAMILIES) when there is no init directory
+    )
+    features: list[str] = field(default_factory=list)
+    train_files: list[str] = field(default_factory=list)
+    valid_files: list[str] = field(default_factory=list)
+    init: str | None = None  # a pre-training (or any checkpoint) directory; None = random weights
+    preset: str = "base"  # model size when there is no init directory
+    model: dict[str, Any] = field(
+        default_factory=dict
+    )  # model config overrides (dropout, visual_feat_dim...)
+    vocab: str | None = None  # None = the init directory's vocab.txt, else bert-base-uncased
+    answers: str | None = None  # ans2label JSON (trainval_ans2label.json); None = built from training labels
+    answer_min_count: int = 1
+    max_answers: int | None = None
+    init_answers: str | None = None  # the pre-training answer table; None = looked up in the init directory
+    seed_answer_head: bool = True
+    max_length: int = 20
+    skip_missing: bool = False  # drop examples whose images are not in the store instead of failing
+
+
+@dataclass
+class FinetuneRun:
+    """The `--config` YAML: `task:` and `train:` sections, as in the run's resolved config.yaml."""
+
+    task: FinetuneConfig = field(default_factory=FinetuneConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+class FinetuneTask:
+    """A trainer Task for one fine-tuning task; loads the data and tokenizer up front.
+
+    A subclass names its `role` in the model family, its SPEC learning rate, and how examples are read,
+    turned into a dataset, collated, decoded into predictions, scored and written in the official format."""
+
+    name: ClassVar[str]
+    role: ClassVar[str]  # the model family's class for this task: models[role]
+    lr: ClassVar[float]  # SPEC §2: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
+    example_noun: ClassVar[str] = "examples"
+    primary_metric = "accuracy"
+
+    def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
+        if cfg.task != self.name:
+            raise ValueError(f"a {cfg.task} config given to the {self.name} task")
+        if not cfg.features:
+            raise ValueError("no feature store given: pass --features feats.lmdb")
+        if not cfg.train_files:
+            raise ValueError("no training file given: pass --train train.json")
+        self.config = cfg
+        self.family = get_family(cfg.arch)
+        self.features = FeatureReader(cfg.features)
+        self.train_examples = self._load(cfg.train_files, "training data")
+        self.valid_examples = self._load(cfg.valid_files, "validation data") if cfg.valid_files else []
+        unlabelled = [e for e in self.train_examples + self.valid_examples if e.label is None]
+        if unlabelled:
+            raise ValueError(
+                f"{len(unlabelled)} training/validation examples have no label "
+                f"(e.g. {unlabelled[0].key!r}); fine-tuning needs labelled files"
+            )
+        self.vocab = cfg.vocab or _init_vocab(cfg.init) or DEFAULT_VOCAB
+        self.tokenizer = load_tokenizer(self.vocab)
+        init_vocab = _init_vocab(cfg.init)
+        if cfg.vocab and init_vocab and self.tokenizer.get_vocab() != load_tokenizer(init_vocab).get_vocab():
+            log.warning(
+                "vocab %s differs from the one %s was pre-trained with: word ids will not match",
+                self.vocab,
+                cfg.init,
+            )
+        self.answers = self._answer_table(answers)
+        self.model_config = self._model_config()
+        if self.model_config.visual_feat_dim != self.features.feature_dim:
+            raise ValueError(
+                f"the feature store holds {self.features.feature_dim}-d features but the model expects "
+                f"visual_feat_dim={self.model_config.visual_feat_dim}; use a matching store or model"
+            )
+        if len(self.tokenizer) > self.model_config.vocab_size:
+            raise ValueError(
+                f"vocab {self.vocab} has {len(self.tokenizer)} tokens, more than the model's "
+                f"vocab_size={self.model_config.vocab_size}; use the pre-training vocab"
+            )
+
+    # ---- what a task defines
+    @staticmethod
+    def load_examples(files: Sequence[str | Path]) -> list:
+        """The task's rows of `files` as examples."""
+        raise NotImplementedError
+
+    @staticmethod
+    def dataset(
+        examples: Sequence, features, tokenizer, answers: AnswerTable | None, max_length: int
+    ) -> Dataset:
+        raise NotImplementedError
+
+    @staticmethod
+    def collate_items(items: list[dict], pad_id: int = 0) -> dict:
+        raise NotImplementedError
+
+    @staticmethod
+    def decode(logits: torch.Tensor, answers: AnswerTable | None) -> list:
+        """The predictions of a batch's logits (answer strings, or 0/1)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def score(predictions: dict, examples: Sequence) -> dict[str, float]:
+        raise NotImplementedError
+
+    @staticmethod
+    def write_predictions(path: str | Path, predictions: dict) -> Path:
+        """`predictions` in the official format of the task's evaluation server or script."""
+        raise NotImplementedError
+
+    @classmethod
+    def build_head(cls, family, config, answers: AnswerTable | None) -> torch.nn.Module:
+        """A randomly initialised model of the task's role."""
+        return family.models[cls.role](config)
+
+    @classmethod
+    def load_head(
+        cls, family, directory: str | Path, answers: AnswerTable | None, **overrides
+    ) -> torch.nn.Module:
+        """The task's model from a checkpoint directory (its backbone, and its head when it has one)."""
+        return family.models[cls.role].from_pretrained(directory, **overrides)
+
+    def _answer_table(self, given: AnswerTable | None) -> AnswerTable | None:
+        """The answers the model chooses from; None for tasks without an answer table."""
+        return None
+
+    def _after_load(self, model: torch.nn.Module) -> None:
+        """Called on a model loaded from `init` (e.g. to seed an answer head)."""
+
+    @classmethod
+    def default_train_config(cls) -> TrainConfig:
+        """The SPEC's fine-tuning schedule for this task."""
+        return TrainConfig(lr=cls.lr, batch_size=32, epochs=4, warmup_ratio=0.1, clip_norm=5.0)
+
+    # ---- setup
+    def _load(self, files: list[str], what: str) -> list[Example]:
+        examples = self.load_examples(files)
+        if self.config.skip_missing:
+            kept = [e for e in examples if all(i in self.features for i in e.images)]
+            if len(kept) < len(examples):
+                log.warning(
+                    "%s: skipped %d examples whose images are not in the store",
+                    what,
+                    len(examples) - len(kept),
+                )
+            examples = kept
+        else:
+            check_images(examples, self.features, f"{what} ({', '.join(files)})")
+        if not examples:
+            raise ValueError(f"{what} ({', '.join(files)}) holds no usable example")
+        return examples
+
+    def _model_config(self):
+        cfg = self.config
+        config_class = self.family.config_class
+        if cfg.init is None:
+            log.warning(
+                "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use",
+                cfg.preset,
+            )
+            return config_class.preset(cfg.preset, **{"vocab_size": len(self.tokenizer), **cfg.model})
+        return config_class.from_dict({**_saved_model_config(Path(cfg.init)), **cfg.model})
+
+    # ---- the Task protocol
+    def build_model(self) -> torch.nn.Module:
+        cfg = self.config
+        if cfg.init is None:
+            return self.build_head(self.family, self.model_config, self.answers)
+        model = self.load_head(self.family, cfg.init, self.answers, **cfg.model)
+        self._after_load(model)
+        return model
+
+    def train_dataset(self) -> Dataset:
+        return self._dataset(self.train_examples)
+
+    def valid_dataset(self) -> Dataset | None:
+        return self._dataset(self.valid_examples) if self.valid_examples else None
+
+    def _dataset(self, examples) -> Dataset:
+        return self.dataset(examples, self.features, self.tokenizer, self.answers, self.config.max_length)
+
+    def collate(self, items: list, rng: np.random.Generator) -> dict:
+        return self.collate_items(items, self.tokenizer.pad_token_id)
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        out = model(**model_inputs(batch), labels=batch["labels"])
+        return out.loss, {}
+
+    def evaluate(self, model: torch.nn.Module, loader: Iterable[dict]) -> dict[str, float]:
+        predictions, loss = self.predict(model, loader, self.answers)
+        metrics = self.score(predictions, self.valid_examples)
+        if loss is not None:
+            metrics["loss"] = loss
+        return metrics
+
+    @classmethod
+    @torch.no_grad()
+    def predict(
+        cls, model: torch.nn.Module, batches: Iterable[dict], answers: AnswerTable | None
+    ) -> tuple[dict, float | None]:
+        """Predictions by example id and the mean loss when labelled."""
+        was_training = model.training
+        model.eval()
+        predictions: dict = {}
+        losses: list[tuple[float, int]] = []
+        for batch in batches:
+            out = model(**model_inputs(batch), labels=batch.get("labels"))
+            decoded = cls.decode(out.logits.float(), answers)
+            predictions.update(zip(batch["ids"], decoded, strict=True))
+            if out.loss is not None:
+                losses.append((float(out.loss), len(batch["ids"])))
+        model.train(was_training)
+        loss = sum(v * n for v, n in losses) / sum(n for _, n in losses) if losses else None
+        return predictions, loss
+
+    def save(self, model: torch.nn.Module, directory: Path) -> None:
+        directory = Path(directory)
+        model.save_pretrained(directory)
+        save_tokenizer(self.tokenizer, directory)
+        if self.answers is not None:
+            self.answers.save(directory / ANSWERS_FILE)
+        settings = {
+            "task": self.name,
+            "arch": self.config.arch,
+            "max_length": self.config.max_length,
+            "answers": ANSWERS_FILE if self.answers is not None else None,
+            "init": self.config.init,
+            "features": list(self.config.features),
+            "feature_dim": self.features.feature_dim,
+            "detector": self.features.meta.get("provenance", {}),
+        }
+        (directory / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
+    """The model's keyword inputs out of a collated batch."""
+    return {k: batch[k] for k in MODEL_INPUTS}
+
+
+def _saved_model_config(directory: Path) -> dict:
+    """The model config of a checkpoint directory, without reading its weights when it is xmodal's own."""
+    path = directory / CONFIG_NAME
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        if meta.get("format") == FORMAT:
+            return meta["config"]
+    return read_checkpoint(directory)[1]
+
+
+def _init_vocab(init: str | None) -> str | None:
+    if init and (Path(init) / "vocab.txt").is_file():
+        return str(Path(init) / "vocab.txt")
+    return None

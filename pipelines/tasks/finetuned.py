@@ -1,0 +1,77 @@
+"""Fine-tuning runs and their directories: start or resume a run, load `best/` or `last/` back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import get_family
+from pipelines.data.answers import ANSWERS_FILE, AnswerTable
+from pipelines.data.text import load_tokenizer
+from pipelines.engine.checkpoints import latest_checkpoint
+from pipelines.engine.launch import fit
+from pipelines.jobs.ray_runtime import ray_for_workers
+from pipelines.tasks import get_finetune_task
+from pipelines.tasks.finetune import DEFAULT_ARCH, RUN_FILE, FinetuneConfig, FinetuneRun, FinetuneTask
+
+
+def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> FinetuneTask:
+    """The trainer Task of `cfg.task`, built on `cfg`."""
+    return get_finetune_task(cfg.task)(cfg, answers=answers)
+
+
+def default_run(task: str) -> FinetuneRun:
+    """A `task` run with the SPEC's schedule."""
+    return FinetuneRun(task=FinetuneConfig(task=task), train=get_finetune_task(task).default_train_config())
+
+
+def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dict:
+    """Fine-tune into `out_dir` (best/, last/, checkpoints/, metrics.jsonl); returns the run summary.
+
+    On resume the answer table of the newest checkpoint is reused, so labels keep their meaning."""
+    out_dir = Path(out_dir)
+    answers = None
+    latest = latest_checkpoint(out_dir / "checkpoints") if resume else None
+    if latest is not None and (latest / ANSWERS_FILE).is_file():
+        answers = AnswerTable.load(latest / ANSWERS_FILE)
+    task = build_task(run.task, answers=answers)
+    with ray_for_workers(run.train.workers, run.train.ray_address):
+        return fit(task, run.train, out_dir, resume=resume)
+
+
+@dataclass
+class Finetuned:
+    """A fine-tuned directory loaded for evaluation or questions; `kind` is its task class."""
+
+    task: str
+    model: torch.nn.Module
+    tokenizer: Any
+    answers: AnswerTable | None
+    max_length: int
+    settings: dict
+
+    @property
+    def kind(self) -> type[FinetuneTask]:
+        return get_finetune_task(self.task)
+
+
+def load_finetuned(directory: str | Path, device: str | torch.device = "cpu") -> Finetuned:
+    """Load `best/`, `last/` or a checkpoint directory written by a fine-tuning task's `save`."""
+    directory = Path(directory)
+    run_file = directory / RUN_FILE
+    if not run_file.is_file():
+        raise FileNotFoundError(
+            f"{run_file} not found: {directory} is not a fine-tuned directory (use runs/<task>/best or last)"
+        )
+    settings = json.loads(run_file.read_text())
+    kind = get_finetune_task(settings["task"])
+    answers = AnswerTable.load(directory / settings["answers"]) if settings.get("answers") else None
+    model = kind.load_head(get_family(settings.get("arch", DEFAULT_ARCH)), directory, answers)
+    model.to(device).eval()
+    return Finetuned(
+        kind.name, model, load_tokenizer(directory), answers, int(settings["max_length"]), settings
+    )

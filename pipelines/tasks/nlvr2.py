@@ -1,0 +1,34 @@
+"""NLVR2: is a statement true of an image pair? Two-way classification; accuracy and consistency."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pipelines.data.nlvr2 import NLVR2Dataset, collate_nlvr2, load_nlvr2_examples
+from pipelines.tasks.finetune import FinetuneTask
+from pipelines.tasks.metrics import nlvr2_metrics
+from pipelines.tasks.predictions import write_nlvr2_predictions
+
+
+class NLVR2Task(FinetuneTask):
+    """Statements about image pairs; predictions are 0/1, written as the official CSV."""
+
+    name = "nlvr2"
+    role = "nlvr2"
+    lr = 5e-5
+    example_noun = "statements"
+
+    load_examples = staticmethod(load_nlvr2_examples)
+    collate_items = staticmethod(collate_nlvr2)
+    score = staticmethod(nlvr2_metrics)
+    write_predictions = staticmethod(write_nlvr2_predictions)
+
+    @staticmethod
+    def dataset(examples: Sequence, features, tokenizer, answers: None, max_length: int) -> NLVR2Dataset:
+        return NLVR2Dataset(examples, features, tokenizer, max_length)
+
+    @staticmethod
+    def decode(logits: torch.Tensor, answers: None) -> list[int]:
+        return [int(label) for label in logits.argmax(dim=-1).tolist()]

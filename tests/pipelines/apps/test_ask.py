@@ -1,0 +1,198 @@
+"""`xmodal ask`: the detector and a fine-tuned model on one generated image, and the answer ranking."""
+
+from __future__ import annotations
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from pipelines.apps.ask import AskResult, ask, detector_settings, draw_explanation
+from pipelines.cli import main
+from pipelines.tasks.finetune import FinetuneConfig
+from pipelines.tasks.finetuned import build_task, load_finetuned
+from storage import FeatureWriter, RegionFeatures
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "what", "color", "is", "the", "square", "?"]
+ANSWERS = ["red", "green", "blue", "yellow"]
+PROVENANCE = {
+    "preset": "vg-r101-c4",
+    "selection": "caffe",
+    "min_boxes": 8,
+    "max_boxes": 8,
+    "config": {"min_size": 300, "max_size": 1000, "post_nms_topk": 12, "anchor_ratios": [0.5, 1.0, 2.0]},
+    "selection_config": {"rule": "caffe", "conf_thresh": 0.1, "nms_thresh": 0.3},
+    "weights": "random",
+}
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _regions(img_id: str, n: int, rng: np.random.Generator, dim: int = 2048) -> RegionFeatures:
+    xy = rng.uniform(0, 40, (n, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(4, 20, (n, 2))], axis=1).astype(np.float32)
+    ones = np.ones(n, np.float32)
+    feats = rng.random((n, dim), dtype=np.float32)
+    return RegionFeatures(
+        img_id, 64, 80, boxes, feats, np.arange(n, dtype=np.int64), ones, np.arange(n, dtype=np.int64), ones
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A fine-tuned VQA directory as `VQATask.save` writes it: tiny model, 2048-d features."""
+    root = tmp_path_factory.mktemp("ask")
+    rng = np.random.default_rng(0)
+    with FeatureWriter(root / "feats.lmdb", feature_dim=2048, max_boxes=8, meta=PROVENANCE) as w:
+        for i in range(2):
+            w.put(_regions(f"img{i}", 8, rng))
+    rows = [
+        {"question_id": i, "img_id": f"img{i % 2}", "sent": "what color is the square?", "label": {a: 1.0}}
+        for i, a in enumerate(ANSWERS)
+    ]
+    (root / "train.json").write_text(json.dumps(rows))
+    (root / "vocab.txt").write_text("\n".join(WORDS) + "\n")
+    cfg = FinetuneConfig(
+        task="vqa",
+        features=[str(root / "feats.lmdb")],
+        train_files=[str(root / "train.json")],
+        preset="tiny",
+        vocab=str(root / "vocab.txt"),
+    )
+    task = build_task(cfg)
+    torch.manual_seed(0)
+    task.save(task.build_model(), root / "best")
+    return root / "best"
+
+
+def test_answers_rank_by_the_models_own_logits(checkpoint):
+    tuned = load_finetuned(checkpoint)
+    regions = _regions("x", 6, np.random.default_rng(1))
+    result = ask(tuned, regions, "What color is the square?", top_k=3)
+    # reference: the model called on tensors built here by hand
+    ids = torch.tensor(
+        [[WORDS.index(t) for t in ("[CLS]", "what", "color", "is", "the", "square", "?", "[SEP]")]]
+    )
+    scale = np.array([80, 64, 80, 64], np.float32)
+    out = tuned.model(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        token_type_ids=torch.zeros_like(ids),
+        visual_feats=torch.from_numpy(regions.features)[None],
+        visual_pos=torch.from_numpy(np.clip(regions.boxes / scale, 0, 1))[None],
+    )
+    probs = torch.sigmoid(out.logits[0])
+    order = torch.argsort(probs, descending=True)[:3]
+    assert [a for a, _ in result.answers] == [tuned.answers.answer(int(i)) for i in order]
+    np.testing.assert_allclose([s for _, s in result.answers], probs[order].detach().numpy(), rtol=1e-5)
+    assert result.attention.shape == (6,)
+    assert result.attention.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_detector_settings_follow_the_recorded_extraction(checkpoint):
+    tuned = load_finetuned(checkpoint)
+    # settings equal to the preset's (max_size, anchor_ratios, nms_thresh) are left to the preset
+    s = detector_settings(tuned, None, min_size=96, max_size=None)
+    assert s == {
+        "preset": "vg-r101-c4",
+        "selection": "caffe",
+        "min_boxes": 8,
+        "max_boxes": 8,
+        "min_size": 96,
+        "post_nms_topk": 12,
+        "conf_thresh": 0.1,
+        "weights": None,
+    }
+    assert detector_settings(tuned, "det.safetensors")["min_size"] == 300
+
+
+def test_explanation_marks_the_most_attended_regions():
+    boxes = np.array([[0, 0, 10, 10], [40, 20, 70, 60], [10, 40, 20, 50], [60, 0, 79, 15]], np.float32)
+    rec = _regions("x", 4, np.random.default_rng(2))
+    rec.boxes = boxes
+    image = np.full((64, 80, 3), 200, np.uint8)
+    attention = np.array([0.1, 0.6, 0.05, 0.25], np.float32)
+    picture = draw_explanation(image, AskResult([("red", 0.9)], rec, attention), "what?", top=2)
+    k = 480 / 64  # small images are enlarged (nearest neighbour) to a 480 px shorter side
+    bar = picture.shape[0] - 480
+    assert bar > 0 and picture.shape[1] == 80 * k
+    body = picture[bar:]
+
+    def at(y, x):
+        return body[int(y * k), int(x * k)].tolist()
+
+    assert at(40, 55) == [200, 200, 200]  # inside the most attended region: untouched
+    assert at(55, 5) == [60, 60, 60]  # outside the top regions: dimmed to 30 %
+    assert at(5, 5) == [60, 60, 60]  # region 0 is not among the top 2
+    assert (body[int(20 * k), int(40 * k) : int(71 * k)] != 60).any()  # the top region's box is drawn
+
+
+@pytest.mark.slow
+def test_ask_end_to_end_on_a_generated_image(checkpoint, tmp_path, capsys):
+    img = Image.new("RGB", (120, 96), (240, 240, 240))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle((10, 10, 50, 50), fill=(220, 30, 30))
+    draw.ellipse((60, 40, 110, 90), fill=(30, 60, 220))
+    path = tmp_path / "scene.png"
+    img.save(path)
+    explain = tmp_path / "why.png"
+    code = main(
+        [
+            "ask",
+            str(path),
+            "what color is the square?",
+            "--checkpoint",
+            str(checkpoint),
+            "--top-k",
+            "3",
+            "--explain",
+            str(explain),
+            "--min-size",
+            "96",
+            "--max-size",
+            "128",
+            "--json",
+            str(tmp_path / "answers.json"),
+        ]
+    )
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "Q: what color is the square?"
+    scores = [float(line.split()[0]) for line in lines[1:4]]
+    assert [line.split()[1] for line in lines[1:4]] != [] and all(
+        line.split()[1] in ANSWERS for line in lines[1:4]
+    )
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    written = json.loads((tmp_path / "answers.json").read_text())
+    assert [a["answer"] for a in written["answers"]] == [line.split()[1] for line in lines[1:4]]
+    assert [round(a["score"], 3) for a in written["answers"]] == scores
+    assert written["explain"] == str(explain)
+    picture = cv2.imread(str(explain))
+    assert picture is not None and picture.shape[1] == 120 * 480 / 96 and picture.shape[0] > 480
+
+
+def test_ask_refuses_a_missing_image(checkpoint, tmp_path, capsys):
+    code = main(["ask", str(tmp_path / "none.png"), "what?", "--checkpoint", str(checkpoint)])
+    assert code == 1
+    assert "none.png" in capsys.readouterr().err
+
+
+def test_ask_json_dash_prints_one_json_object(tmp_path, capsys, monkeypatch):
+    import pipelines.apps.ask
+
+    def answered(image, question, checkpoint, **kw):
+        return AskResult([("red", 0.75), ("blue", 0.125)], _regions("x", 2, np.random.default_rng(3)), None)
+
+    monkeypatch.setattr(pipelines.apps.ask, "ask_image", answered)
+    argv = ["ask", "scene.png", "what color?", "--checkpoint", "ckpt", "--top-k", "2", "--json", "-"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "image": "scene.png",
+        "question": "what color?",
+        "answers": [{"answer": "red", "score": 0.75}, {"answer": "blue", "score": 0.125}],
+        "explain": None,
+    }

@@ -1,0 +1,177 @@
+"""`xmodal demo`: the baselines it reports, and reduced end-to-end runs: every stage through its `xmodal`
+command, the report's pictures, and the same numbers from the same seed."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from pipelines.apps.demo.demo import DemoError, baselines, score_predictions
+from pipelines.apps.demo.report import TASK_LOSSES
+from pipelines.cli import build_parser, main
+from storage import FeatureReader
+
+TRAIN = [
+    {"question_id": 1, "question_type": "how many", "label": {"2": 1.0}},
+    {"question_id": 2, "question_type": "how many", "label": {"2": 1.0}},
+    {"question_id": 3, "question_type": "how many", "label": {"1": 1.0}},
+    {"question_id": 4, "question_type": "what color is the", "label": {"red": 1.0}},
+    {"question_id": 5, "question_type": "what color is the", "label": {"red": 1.0}},
+    {"question_id": 6, "question_type": "what color is the", "label": {"blue": 1.0}},
+    {"question_id": 7, "question_type": "is the", "label": {"left": 1.0}},
+    {"question_id": 8, "question_type": "is the", "label": {"left": 1.0}},
+    {"question_id": 9, "question_type": "is the", "label": {"left": 1.0}},
+    {"question_id": 10, "question_type": "is the", "label": {"left": 1.0}},
+]
+TEST = [
+    {"question_id": 11, "question_type": "how many", "label": {"2": 1.0}},
+    {"question_id": 12, "question_type": "what color is the", "label": {"blue": 1.0}},
+    {"question_id": 13, "question_type": "what color is the", "label": {"red": 0.6, "blue": 0.3}},
+    {"question_id": 14, "question_type": "is the", "label": {"right": 1.0}},
+]
+
+
+def test_baselines_by_hand() -> None:
+    b = baselines(TRAIN, TEST)
+    assert b["majority_answer"] == "left"  # 4 of 10 training answers
+    assert b["baseline_accuracy"] == 0.0
+    # per type: "2", "red", "left" -> 1.0, 0.0, 0.6, 0.0
+    assert b["prior_baseline_accuracy"] == pytest.approx(100 * 1.6 / 4)
+    assert b["per_type_prior_baseline"] == {"how many": 100.0, "is the": 0.0, "what color is the": 30.0}
+
+
+def test_scoring_uses_soft_scores_and_refuses_missing_answers(tmp_path: Path) -> None:
+    preds = tmp_path / "p.json"
+    preds.write_text(json.dumps([{"question_id": q, "answer": a} for q, a in
+                                 [(11, "2"), (12, "red"), (13, "blue"), (14, "right")]]))  # fmt: skip
+    scored = score_predictions(preds, TEST)
+    assert scored["accuracy"] == pytest.approx(100 * (1 + 0 + 0.3 + 1) / 4, abs=0.01)
+    assert scored["per_type_accuracy"]["what color is the"] == pytest.approx(15.0)
+    preds.write_text(json.dumps([{"question_id": 11, "answer": "2"}]))
+    with pytest.raises(DemoError, match="no answer for 3 test questions"):
+        score_predictions(preds, TEST)
+
+
+QUICK = ["demo", "--quick", "--images", "24", "--seed", "1"]
+STAGES = ("extract", "pretrain", "finetune", "evaluate", "ask")  # the `xmodal` commands, in order
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One reduced demo run, shared by the end-to-end and the determinism checks."""
+    workdir = tmp_path_factory.mktemp("quick") / "demo"
+    assert main([*QUICK, "--workdir", str(workdir)]) == 0
+    return workdir
+
+
+def _argv(line: str) -> list[str]:
+    """A recorded command line without its environment prefix and `xmodal`."""
+    words = shlex.split(line)
+    while "=" in words[0]:
+        words.pop(0)
+    assert words[0] == "xmodal", line
+    return words[1:]
+
+
+@pytest.mark.slow
+def test_quick_demo_end_to_end(quick_demo: Path) -> None:
+    workdir = quick_demo
+    summary = json.loads((workdir / "summary.json").read_text())
+    for key in ("accuracy", "baseline_accuracy", "prior_baseline_accuracy", "elapsed_s", "stage_s"):
+        assert key in summary, key
+    assert summary["detector_weights"] == "random"
+    assert list(summary["stage_s"]) == ["generate", *STAGES, "report"]
+
+    test_rows = json.loads((workdir / "data" / "vqa_test.json").read_text())
+    assert summary["test_questions"] == len(test_rows)
+    rescored = score_predictions(workdir / "runs" / "vqa" / "test_predictions.json", test_rows)
+    assert rescored["accuracy"] == summary["accuracy"]
+    assert summary["evaluate_accuracy"] == pytest.approx(
+        summary["accuracy"], abs=0.01
+    )  # `xmodal evaluate`'s own
+
+    reader = FeatureReader(workdir / "features.lmdb")
+    try:
+        assert len(reader) == 24
+        # `xmodal extract --set` carried the demo's toy detector settings into the store's provenance
+        config = reader.meta["provenance"]["config"]
+        assert (config["post_nms_topk"], config["pooler_resolution"], config["min_size"]) == (8, 5, 96)
+    finally:
+        reader.close()
+    assert (workdir / "runs" / "pretrain" / "metrics.jsonl").is_file()
+
+    report = workdir / "report.html"
+    text = report.read_text()
+    assert "RANDOM DETECTOR WEIGHTS" in text
+    linked = {(report.parent / src).resolve() for src in re.findall(r'<img src="([^"]+)"', text)}
+    pics = workdir / "report"
+    test_images = sorted({r["img_id"] for r in test_rows})
+    detections = [pics / f"detections_{img_id}.png" for img_id in test_images[:3]]
+    expected = [
+        pics / "accuracy.png",
+        pics / "loss_curves.png",
+        *detections,
+        pics / "ask_attention_large.png",
+    ]
+    for png in expected:
+        assert png.is_file() and Image.open(png).format == "PNG", png.name
+        assert png.resolve() in linked, f"{png.name} is not shown in the report"
+    assert len(linked) == len(expected)
+    assert (pics / "ask_attention.png").is_file()  # what `xmodal ask --explain` drew
+
+    # the report lists the real commands, each one parsed by the `xmodal` command line
+    assert [_argv(c)[0] for c in summary["commands"]] == list(STAGES)
+    parser = build_parser()
+    for line in summary["commands"]:
+        assert html.escape(line) in text
+        parser.parse_args(_argv(line))
+
+
+@pytest.mark.slow
+def test_a_recorded_command_reruns_its_stage(quick_demo: Path, tmp_path: Path) -> None:
+    (line,) = [
+        c for c in json.loads((quick_demo / "summary.json").read_text())["commands"] if " evaluate " in c
+    ]
+    argv = _argv(line)
+    out = tmp_path / "again.json"
+    argv[argv.index("--out") + 1] = str(out)
+    assert main(argv) == 0
+    assert json.loads(out.read_text()) == json.loads(
+        (quick_demo / "runs/vqa/test_predictions.json").read_text()
+    )
+
+
+def _stored(store: Path) -> dict[str, bytes]:
+    reader = FeatureReader(store)
+    try:
+        return {img_id: reader.get_encoded(img_id) for img_id in reader}
+    finally:
+        reader.close()
+
+
+def _losses(metrics: Path) -> list[dict]:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if "loss" in k or k in TASK_LOSSES or k == "step"} for r in rows]
+
+
+@pytest.mark.slow
+def test_a_fixed_seed_gives_the_same_numbers(quick_demo: Path, tmp_path: Path) -> None:
+    again = tmp_path / "demo"
+    assert main([*QUICK, "--workdir", str(again)]) == 0
+    first, second = (json.loads((d / "summary.json").read_text()) for d in (quick_demo, again))
+    for key in ("accuracy", "baseline_accuracy", "prior_baseline_accuracy", "evaluate_accuracy",
+                "per_type_accuracy", "majority_answer"):  # fmt: skip
+        assert first[key] == second[key], key
+    assert _stored(quick_demo / "features.lmdb") == _stored(again / "features.lmdb")
+    for run in ("pretrain", "vqa"):
+        assert _losses(quick_demo / "runs" / run / "metrics.jsonl") == _losses(
+            again / "runs" / run / "metrics.jsonl"
+        ), run
+    predictions = "runs/vqa/test_predictions.json"
+    assert json.loads((quick_demo / predictions).read_text()) == json.loads((again / predictions).read_text())

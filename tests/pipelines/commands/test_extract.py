@@ -1,0 +1,92 @@
+"""`xmodal extract --config YAML KEY=VALUE`: ExtractConfig defaults < YAML < flags < overrides."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pipelines.cli import build_parser, main
+from pipelines.commands.extract import cluster_argv, resolve_extract_config
+from pipelines.jobs.extract.config import ExtractConfig, ExtractSummary
+
+
+def _resolve(argv: list[str]) -> ExtractConfig:
+    return resolve_extract_config(build_parser().parse_args(["extract", *argv]))
+
+
+def test_flags_and_options_default_to_the_config(tmp_path):
+    cfg = _resolve(["imgs/", "--out", "f.lmdb"])
+    assert cfg == ExtractConfig(inputs=["imgs/"], out="f.lmdb")
+
+
+def test_yaml_then_flags_then_key_value(tmp_path):
+    path = tmp_path / "extract.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "inputs": ["a/", "b/"],
+                "out": "yaml.lmdb",
+                "batch_size": 8,
+                "max_boxes": 50,
+                "overrides": {"nms_thresh": 0.4},
+            }
+        )
+    )
+    cfg = _resolve(["--config", str(path)])
+    assert (cfg.inputs, cfg.out, cfg.batch_size, cfg.max_boxes) == (["a/", "b/"], "yaml.lmdb", 8, 50)
+    assert cfg.overrides == {"nms_thresh": 0.4} and cfg.preset == ExtractConfig().preset
+    cfg = _resolve(
+        ["c/", "--config", str(path), "--batch-size", "2", "max_failures=5", "--set", "post_nms_topk=20"]
+        + ["--min-size", "400", "batch_size=3", "overrides.nms_thresh=0.5"]
+    )
+    assert cfg.inputs == ["c/"]  # the command line's inputs replace the file's
+    assert cfg.batch_size == 3 and cfg.max_failures == 5 and cfg.out == "yaml.lmdb"
+    assert cfg.overrides == {"nms_thresh": 0.5, "post_nms_topk": 20, "min_size": 400}
+
+
+def test_config_and_overrides_travel_to_the_cluster_command(tmp_path):
+    argv = ["imgs", "--out", "f.lmdb", "--config", "c.yaml", "batch_size=3"]
+    args = build_parser().parse_args(["extract", *argv])
+    forwarded = build_parser().parse_args(cluster_argv(args))
+    assert vars(forwarded) == vars(args)
+
+
+def test_bad_config_key_or_value_is_bad_input(tmp_path, caplog):
+    path = tmp_path / "extract.yaml"
+    path.write_text("inputs: [a/]\nout: f.lmdb\nbatch_sise: 3\n")
+    assert main(["extract", "--config", str(path)]) == 1
+    assert "batch_sise" in caplog.text
+    assert main(["extract", "a/", "--out", "f.lmdb", "batch_size=many"]) == 1
+    assert main(["extract", "--out", "f.lmdb"]) == 1  # no inputs anywhere
+    assert "give the image folders" in caplog.text
+
+
+@pytest.mark.parametrize(("failed", "code"), [(0, 0), (3, 2)])
+def test_failed_images_beyond_max_failures_exit_2(failed, code, tmp_path, monkeypatch):
+    from pipelines.jobs.extract import driver
+
+    seen = []
+
+    def fake_run(cfg: ExtractConfig) -> ExtractSummary:
+        seen.append(cfg)
+        return ExtractSummary(
+            store=cfg.out,
+            errors="e.jsonl",
+            total=10,
+            done=10 - failed,
+            skipped=0,
+            failed=failed,
+            images_per_s=1.0,
+            elapsed_s=1.0,
+            startup_s=0.1,
+            replicas=1,
+            restarts=0,
+            device="cpu",
+            exit_code=2 if failed > cfg.max_failures else 0,
+        )
+
+    monkeypatch.setattr(driver, "run_extract", fake_run)
+    path = tmp_path / "extract.yaml"
+    path.write_text(yaml.safe_dump({"inputs": [str(tmp_path)], "out": str(tmp_path / "f.lmdb")}))
+    assert main(["extract", "--config", str(path), "--no-progress"]) == code
+    assert seen[0].progress is False and seen[0].inputs == [str(tmp_path)]

@@ -1,0 +1,72 @@
+"""WordPiece vocab building (`xmodal vocab build`) and loading it as a BERT uncased fast tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipelines.cli import main as xmodal
+from pipelines.data.text import SPECIAL_TOKENS, EncodedTexts, corpus_texts, load_tokenizer, save_tokenizer
+
+
+def test_vocab_build_from_text_and_json_then_load(tmp_path):
+    text = tmp_path / "captions.txt"
+    text.write_text("A Red Circle next to a blue square\nthe GREEN star\n")
+    pre = tmp_path / "pretrain.json"
+    pre.write_text(
+        json.dumps([{"img_id": "1", "sentf": {"vqa": ["what colour is the zebra?"]}, "labelf": {}}])
+    )
+    vqa = tmp_path / "vqa.json"
+    vqa.write_text(json.dumps([{"question_id": 1, "img_id": "1", "sent": "how many giraffes?", "label": {}}]))
+    assert len(list(corpus_texts([text, pre, vqa]))) == 4
+    out = tmp_path / "v" / "vocab.txt"
+    assert (
+        xmodal(["vocab", "build", str(text), str(pre), str(vqa), "--out", str(out), "--vocab-size", "120"])
+        == 0
+    )
+    lines = out.read_text().splitlines()
+    assert tuple(lines[:5]) == SPECIAL_TOKENS and len(lines) <= 120 and len(set(lines)) == len(lines)
+    tok = load_tokenizer(out)
+    assert len(tok) == len(lines)
+    enc = tok("A RED Zebra")["input_ids"]
+    assert tok.convert_ids_to_tokens(enc) == ["[CLS]", "a", "red", "zebra", "[SEP]"]
+    assert (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.mask_token_id) == (2, 3, 0, 4)
+    save_tokenizer(tok, tmp_path / "saved")
+    assert load_tokenizer(tmp_path / "saved").get_vocab() == tok.get_vocab()
+    other = tmp_path / "my_vocab.txt"
+    other.write_text(out.read_text())
+    assert load_tokenizer(other).get_vocab() == tok.get_vocab()
+
+
+def test_bad_inputs(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"img_id": "1"}]')
+    assert xmodal(["vocab", "build", str(bad), "--out", str(tmp_path / "v.txt")]) == 1
+    assert "row 0" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="xmodal vocab build"):
+        load_tokenizer(tmp_path / "missing" / "vocab.txt")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("hello\nworld\n")
+    with pytest.raises(ValueError, match="special tokens"):
+        load_tokenizer(vocab)
+
+
+class _Tok:
+    """Whitespace tokenizer with BERT's [CLS]/[SEP] framing and truncation."""
+
+    def __call__(self, sents, truncation, max_length):
+        ids = [[101] + [len(w) for w in s.split()][: max_length - 2] + [102] for s in sents]
+        return {"input_ids": ids}
+
+
+def test_encoded_texts_round_trip_in_chunks():
+    sents = ["a bb ccc", "dddd", "e f g h i j k"]
+    texts = EncodedTexts(_Tok(), sents, max_length=5, chunk=2)
+    assert [texts[i].tolist() for i in range(len(texts))] == [
+        [101, 1, 2, 3, 102],
+        [101, 4, 102],
+        [101, 1, 1, 1, 102],
+    ]
+    assert texts[0].dtype == np.int64

@@ -1,0 +1,173 @@
+"""The generic training loop on a toy regression task: learning, schedules, checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from pipelines.engine import trainer
+from pipelines.engine.checkpoints import latest_checkpoint
+from pipelines.engine.launch import fit
+from pipelines.engine.run_log import read_metrics
+from pipelines.engine.trainer import TrainConfig
+
+
+class _Points(Dataset):
+    def __init__(self, n: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self.x = rng.normal(size=(n, 4)).astype(np.float32)
+        self.y = (self.x @ np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)).astype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+class ToyTask:
+    """y = w.x with input noise drawn from the collation RNG and dropout: every random source is used."""
+
+    primary_metric = "neg_mse"
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
+
+    def train_dataset(self) -> Dataset:
+        return _Points(64, 0)
+
+    def valid_dataset(self) -> Dataset:
+        return _Points(16, 1)
+
+    def collate(self, items: list, rng: np.random.Generator) -> dict:
+        x = np.stack([i[0] for i in items])
+        noise = rng.normal(scale=0.01, size=x.shape).astype(np.float32)
+        return {"x": torch.from_numpy(x + noise), "y": torch.tensor([i[1] for i in items])}
+
+    def loss(self, model, batch):
+        loss = torch.nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])
+        return loss, {"mse": loss.item()}
+
+    def evaluate(self, model, loader):
+        errs = [float(torch.nn.functional.mse_loss(model(b["x"]).squeeze(-1), b["y"])) for b in loader]
+        return {"mse": float(np.mean(errs)), "neg_mse": -float(np.mean(errs))}
+
+    def save(self, model, directory: Path) -> None:
+        torch.save(model.state_dict(), directory / "toy.pt")
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(lr=0.02, batch_size=8, epochs=2, warmup_ratio=0.1, log_every=2, loader_workers=0, seed=3)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    return torch.load(directory / "toy.pt", weights_only=True)
+
+
+def test_fit_learns_and_writes_the_run_directory(tmp_path):
+    summary = fit(ToyTask(), _cfg(epochs=6, save_every=16), tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    train = [r for r in rows if "loss" in r]
+    assert train[-1]["loss"] < 0.2 * train[0]["loss"]
+    assert {"step", "loss", "mse", "lr"} <= set(train[0])
+    assert any("valid_mse" in r for r in rows)
+    steps = sorted(int(p.name[5:]) for p in (tmp_path / "checkpoints").iterdir())
+    assert steps == [16, 32, 48]
+    assert summary["step"] == 48 == json.loads((tmp_path / "summary.json").read_text())["step"]
+    for d in ("last", "best"):
+        assert (tmp_path / d / "toy.pt").is_file()
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert "train" in (tmp_path / "config.yaml").read_text()
+
+
+def test_schedule_warms_up_then_decays_to_zero(tmp_path):
+    fit(ToyTask(), _cfg(epochs=5, log_every=1, warmup_ratio=0.2), tmp_path)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lr" in r]
+    total, warm = 40, 8
+    # the rate each step used: 0 for the first, peak after the warm-up, 1/32 of the peak for the last
+    expected = [0.02 * (s / warm if s < warm else (total - s) / (total - warm)) for s in range(total)]
+    np.testing.assert_allclose(lrs, expected, rtol=1e-6, atol=1e-12)
+
+
+class _Crash(Exception):
+    pass
+
+
+class CrashingTask(ToyTask):
+    """Dies in the loss of step `after` + 1, as a killed job would."""
+
+    def __init__(self, after: int):
+        self.calls, self.after = 0, after
+
+    def loss(self, model, batch):
+        self.calls += 1
+        if self.calls > self.after:
+            raise _Crash
+        return super().loss(model, batch)
+
+
+def test_resume_is_exact(tmp_path):
+    straight, first = tmp_path / "straight", tmp_path / "halves"
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=0), straight)
+    # crash mid-epoch just after the step-10 checkpoint (8 steps per epoch), with other loader workers
+    with pytest.raises(_Crash):
+        fit(CrashingTask(after=10), _cfg(epochs=3, save_every=10, loader_workers=2), first)
+    assert latest_checkpoint(first / "checkpoints").name == "step-10"
+    with pytest.raises(FileExistsError, match="--resume"):
+        fit(ToyTask(), _cfg(epochs=3), first)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=1), first, resume=True)
+    a, b = _weights(straight / "last"), _weights(first / "last")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    rows_a = [r for r in read_metrics(straight / "metrics.jsonl") if "loss" in r]
+    rows_b = [r for r in read_metrics(first / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
+    assert latest_checkpoint(first / "checkpoints").name == "step-24"
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+    class NoDropout(ToyTask):
+        def build_model(self):
+            return torch.nn.Linear(4, 1)
+
+        def collate(self, items, rng):
+            return {
+                "x": torch.from_numpy(np.stack([i[0] for i in items])),
+                "y": torch.tensor([i[1] for i in items]),
+            }
+
+    fit(NoDropout(), _cfg(grad_accum=1), tmp_path / "one")
+    fit(NoDropout(), _cfg(grad_accum=4), tmp_path / "four")
+    a, b = _weights(tmp_path / "one" / "last"), _weights(tmp_path / "four" / "last")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_weight_decay_groups():
+    model = ToyTask().build_model()
+    groups = trainer._param_groups(model, TrainConfig(decay_norm_and_bias=False))
+    assert all(p.ndim >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    (single,) = trainer._param_groups(model, TrainConfig())
+    assert single["weight_decay"] == 0.01 and len(single["params"]) == 4
+
+
+def test_bad_batch_layout_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="not divisible"):
+        fit(ToyTask(), _cfg(batch_size=8, grad_accum=3), tmp_path)
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        fit(ToyTask(), _cfg(batch_size=128), tmp_path / "b")
+
+
+def test_amp_is_cuda_only():
+    assert trainer._amp_dtype("bf16", torch.device("cpu")) is None
+    assert trainer._amp_dtype("auto", torch.device("cpu")) is None
+    assert math.isclose(trainer._linear_schedule(10, 100)(5), 0.5)

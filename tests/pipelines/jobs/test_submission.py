@@ -1,0 +1,231 @@
+"""`xmodal submit`: a Ray head started on 127.0.0.1 runs `xmodal extract` as a Ray Job, then is stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipelines.cli import main
+from pipelines.jobs.submission import entrypoint
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict:
+    """This machine's environment without the Ray settings our own in-process Ray may have exported."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                found.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A private head: own ports, own temp dir (so no other ray.init finds it), own session to stop.
+
+    `ray start --block` in a new session: every process of this head (GCS, raylet, dashboard, workers,
+    job drivers) shares that session id, so stopping it means signalling that session and nothing else.
+    """
+    temp_dir = tempfile.mkdtemp(prefix="xr", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    dashboard = free_port()
+    cmd = [
+        str(VENV_BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats",
+        "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
+        "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+        "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
+        "--num-cpus", "2", "--object-store-memory", str(200 << 20), "--temp-dir", temp_dir,
+    ]  # fmt: skip
+    log_path = Path(temp_dir) / "head.log"
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(
+            cmd, env=clean_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        _wait_for_jobs_api(address, head, log_path)
+        yield address
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=5)
+        leftovers = session_processes(head.pid)
+        for proc in leftovers:
+            proc.kill()
+        psutil.wait_procs(leftovers, timeout=10)
+        if head.poll() is None:
+            head.kill()
+            head.wait()
+        assert not [p for p in session_processes(head.pid) if p.status() != psutil.STATUS_ZOMBIE]
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_for_jobs_api(address: str, head: subprocess.Popen, log_path: Path) -> None:
+    probe = (
+        "import sys; from pipelines.jobs.ray_runtime import enable_token_auth_if_available as e; e(); "
+        "from ray.job_submission import JobSubmissionClient as C; C(sys.argv[1]).list_jobs()"
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            pytest.fail(f"ray start exited {head.returncode}:\n{log_path.read_text()[-3000:]}")
+        ok = subprocess.run([sys.executable, "-c", probe, address], env=clean_env(), capture_output=True)
+        if ok.returncode == 0:
+            return
+        time.sleep(1)
+    pytest.fail(f"the Ray head's Jobs API never answered:\n{log_path.read_text()[-3000:]}")
+
+
+def test_entrypoint_runs_the_uploaded_xmodal_with_arguments_quoted():
+    cmd = entrypoint(["extract", "my images/", "--out", "a b.lmdb"])
+    assert shlex.split(cmd) == ["python", "-m", "pipelines", "extract", "my images/", "--out", "a b.lmdb"]
+
+
+def test_extract_with_a_jobs_address_forwards_every_option_but_the_address():
+    from pipelines.cli import build_parser
+    from pipelines.commands.extract import cluster_argv
+
+    argv = [
+        "extract",
+        "a/",
+        "l.txt",
+        "--out",
+        "/s/f.lmdb",
+        "--recursive",
+        "--no-progress",
+        "--id-from",
+        "relpath",
+        "--weights",
+        "w.pkl",
+    ]
+    argv += ["--selection", "maxnms", "--min-boxes", "10", "--max-boxes", "100", "--min-size", "800"]
+    argv += [
+        "--workers",
+        "3",
+        "--cpus-per-worker",
+        "0.5",
+        "--max-failures",
+        "7",
+        "--address",
+        "http://h:8265",
+    ]
+    args = build_parser().parse_args(argv)
+    forwarded = build_parser().parse_args(cluster_argv(args))
+    assert forwarded.address is None
+    assert {**vars(forwarded), "address": args.address} == vars(args)
+
+
+def test_submit_without_command_or_reachable_cluster_is_a_clear_error(caplog):
+    assert main(["submit", "--address", "http://127.0.0.1:9", "--"]) == 1
+    assert "nothing to submit" in caplog.text
+    assert (
+        main(["submit", "--address", f"http://127.0.0.1:{free_port()}", "--", "extract", "x", "--out", "y"])
+        == 1
+    )
+    assert "127.0.0.1" in caplog.text
+
+
+@pytest.mark.slow
+def test_submit_runs_extract_on_the_head_streams_logs_and_returns_its_exit_status(
+    ray_head, tmp_path, repo_root
+):
+    import numpy as np
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)).save(
+        images / "img_000.png"
+    )
+    (images / "empty.jpg").write_bytes(b"")
+    out = tmp_path / "job.lmdb"
+    argv = ["extract", str(images), "--out", str(out), "--min-size", "64", "--max-size", "64"]
+    argv += ["--min-boxes", "4", "--max-boxes", "4"]
+    # a fresh environment without RAY_AUTH_MODE: the token of this machine must be picked up by itself
+    submit = [
+        str(VENV_BIN / "xmodal"),
+        "submit",
+        "--address",
+        ray_head,
+        "--working-dir",
+        str(repo_root),
+        "--",
+    ]
+    proc = subprocess.run([*submit, *argv], env=clean_env(), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 2, (
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    )  # one broken image, --max-failures 0
+    assert "submitted Ray Job" in proc.stderr
+    assert '"failed": 1' in proc.stdout and "empty.jpg" in proc.stdout  # the job's own output, streamed
+
+    from storage import FeatureReader
+
+    reader = FeatureReader(out)
+    assert list(reader.keys()) == ["img_000"] and reader["img_000"].num_boxes == 4
+    reader.close()
+
+
+def test_extract_detector_overrides_are_checked_before_any_work(tmp_path, caplog):
+    from pipelines.cli import main
+
+    out = tmp_path / "feats.lmdb"
+    code = main(["extract", str(tmp_path), "--out", str(out), "--set", "no_such_setting=3"])
+    assert code == 1
+    assert "no_such_setting" in caplog.text
+    assert not out.exists()
+    assert main(["extract", str(tmp_path), "--out", str(out), "--set", "post_nms_topk"]) == 1
+
+
+def test_extract_overrides_travel_to_the_cluster_command():
+    from pipelines.cli import build_parser
+    from pipelines.commands.extract import _parse_overrides, cluster_argv
+
+    args = build_parser().parse_args(
+        ["extract", "imgs", "--out", "f.lmdb", "--set", "post_nms_topk=20", "--set", "nms_thresh=0.3"]
+    )
+    argv = cluster_argv(args)
+    assert argv[argv.index("--set") :][:4] == ["--set", "post_nms_topk=20", "--set", "nms_thresh=0.3"]
+    assert _parse_overrides(args.detector_overrides) == {"post_nms_topk": 20, "nms_thresh": 0.3}
+    assert build_parser().parse_args(argv).detector_overrides == args.detector_overrides
+
+
+@pytest.mark.parametrize(("flags", "progress"), [([], True), (["--no-progress"], False)])
+def test_extract_no_progress_turns_the_bar_off(flags, progress, tmp_path, monkeypatch):
+    from pipelines.jobs.extract import driver as extract
+
+    seen = []
+
+    def stop(cfg):
+        seen.append(cfg)
+        raise extract.JobError("stopped by the test")
+
+    monkeypatch.setattr(extract, "run_extract", stop)
+    assert main(["extract", str(tmp_path), "--out", str(tmp_path / "f.lmdb"), *flags]) == 1
+    assert [cfg.progress for cfg in seen] == [progress]
