@@ -9,11 +9,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from pipelines.data.regions import pad_regions, region_arrays
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, matching model.captioning.CaptionConfig's defaults
 MAX_LENGTH = 16
+VOCAB_FILE = "vocab.json"  # a captioning run directory's vocabulary
 COUNT_THRESHOLD = 5
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+SPLIT_SEPARATOR = ":"  # `dataset_coco.json:test` = the test images of a Karpathy file
 
 
 class CaptionDataError(ValueError):
@@ -144,6 +152,11 @@ class Vocabulary:
     def __len__(self) -> int:
         return len(self.words)
 
+    @property
+    def pad_token_id(self) -> int:
+        """The padding id under the name the text tokenizers give it."""
+        return self.pad_id
+
     def encode(self, tokens: Sequence[str], max_length: int = MAX_LENGTH) -> list[int]:
         """`<bos>`, at most `max_length` words (unknown → `<unk>`), `<eos>`."""
         ids = [self.index.get(t, self.unk_id) for t in tokens[:max_length]]
@@ -173,3 +186,100 @@ class Vocabulary:
                 f"{path}: not a caption vocabulary (expected 'words' starting {SPECIAL_TOKENS})"
             )
         return cls(words[len(SPECIAL_TOKENS) :])
+
+
+@dataclass(frozen=True)
+class CaptionExample:
+    """One image to caption: its COCO id (`key`), its feature-store id, and its reference captions."""
+
+    image_id: int
+    img_id: str  # the feature-store key: the image file's name without its suffix
+    label: tuple[tuple[str, ...], ...] | None  # tokenised references; None when unknown
+    raw: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> int:
+        return self.image_id
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        return (self.img_id,)
+
+
+def split_spec(spec: str | Path, default: str | None) -> tuple[Path, str | None]:
+    """`FILE` or `FILE:SPLIT` (train, val or test of a Karpathy file) → (path, split or `default`)."""
+    text = str(spec)
+    head, sep, tail = text.rpartition(SPLIT_SEPARATOR)
+    if sep and tail in ("train", "val", "test") and not Path(text).exists():
+        return Path(head), tail
+    return Path(text), default
+
+
+def read_caption_file(path: str | Path, split: str | None = None) -> list[CaptionImage]:
+    """Images of a Karpathy split JSON (`split` None = all) or of a COCO caption annotation file."""
+    data = _load_json(path)
+    if isinstance(data, dict) and "annotations" in data and "images" in data and "dataset" not in data:
+        return read_coco_captions(path, split or "train")
+    images = read_karpathy_split(path)
+    return images if split is None else [im for im in images if im.split == split]
+
+
+def load_caption_examples(
+    specs: str | Path | Iterable[str | Path], split: str | None = None
+) -> list[CaptionExample]:
+    """Caption examples of `FILE[:SPLIT]` specs; a Karpathy file without `:SPLIT` gives `split`'s images."""
+    out: list[CaptionExample] = []
+    seen: dict[int, Path] = {}
+    for spec in [specs] if isinstance(specs, (str, Path)) else specs:
+        path, chosen = split_spec(spec, split)
+        images = read_caption_file(path, chosen)
+        if not images:
+            raise CaptionDataError(
+                f"{path}: no images in split {chosen!r}; pass FILE:train, FILE:val or FILE:test"
+            )
+        for im in images:
+            if im.image_id in seen:
+                raise CaptionDataError(f"{path}: image {im.image_id} repeats (first in {seen[im.image_id]})")
+            seen[im.image_id] = path
+            refs = tuple(tuple(c) for c in im.captions if c)
+            out.append(CaptionExample(im.image_id, Path(im.filename).stem, refs or None, tuple(im.raw)))
+    return out
+
+
+class CaptionDataset(Dataset):
+    """Images with their regions and their encoded reference captions (`<bos> w… <eos>`)."""
+
+    def __init__(
+        self, examples: Sequence[CaptionExample], features, vocab: Vocabulary, max_length: int = MAX_LENGTH
+    ):
+        self.examples = list(examples)
+        self.features = features
+        self.captions = [
+            [np.asarray(vocab.encode(c, max_length), dtype=np.int64) for c in (e.label or ())]
+            for e in self.examples
+        ]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict:
+        feats, boxes = region_arrays(self.features[self.examples[i].img_id])
+        return {"id": self.examples[i].image_id, "feats": feats, "boxes": boxes, "captions": self.captions[i]}
+
+
+def collate_captions(items: list[dict], rng: np.random.Generator | None = None, pad_id: int = 0) -> dict:
+    """Regions padded to the batch's largest set; with references, one per image (drawn with `rng`, the
+    first without) as `input_ids` = caption[:-1] and `labels` = caption[1:], padded with `pad_id`."""
+    batch = pad_regions([it["feats"] for it in items], [it["boxes"] for it in items]).model_inputs()
+    batch["ids"] = [it["id"] for it in items]
+    if all(it["captions"] for it in items):
+        chosen = [
+            it["captions"][int(rng.integers(len(it["captions"]))) if rng is not None else 0] for it in items
+        ]
+        width = max(len(c) for c in chosen)
+        padded = np.full((len(chosen), width), pad_id, dtype=np.int64)
+        for row, caption in enumerate(chosen):
+            padded[row, : len(caption)] = caption
+        batch["input_ids"] = torch.from_numpy(padded[:, :-1])
+        batch["labels"] = torch.from_numpy(padded[:, 1:])
+    return batch

@@ -127,8 +127,11 @@ def evaluate_captions(
     gts = {key: list(references[key]) for key in keys}
     res = {key: [predictions[key]] for key in keys}
     if not pretokenized:
-        gts = tokenize(gts, result.skipped, java)
-        res = tokenize(res, result.skipped, java)
+        # One tokenizer run (one Java start) for references and predictions together.
+        tagged = {**{("ref", k): v for k, v in gts.items()}, **{("res", k): v for k, v in res.items()}}
+        both = tokenize(tagged, result.skipped, java)
+        gts = {key: both[("ref", key)] for key in keys}
+        res = {key: both[("res", key)] for key in keys}
     empty = [key for key in keys if not gts[key]]
     if empty:
         raise ValueError(f"{len(empty)} image(s) have no reference captions, e.g. {empty[:3]}")

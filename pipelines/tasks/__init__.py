@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.nlvr2 import NLVR2Task
 from pipelines.tasks.pretrain import PretrainTask
@@ -13,6 +14,7 @@ TASKS: dict[str, type] = {
     "vqa": VQATask,
     "gqa": GQATask,
     "nlvr2": NLVR2Task,
+    "caption": CaptionTask,
 }
 
 
