@@ -12,6 +12,7 @@ from model.captioning import beam_search
 from pipelines.apps.ask import build_detector
 from pipelines.apps.caption_picture import draw_caption_attention
 from pipelines.data.regions import pad_regions, region_arrays
+from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
 
@@ -33,7 +34,7 @@ def caption_regions(
     tuned: Finetuned, regions: RegionFeatures, beam_size: int = DEFAULT_BEAM_SIZE
 ) -> CaptionResult:
     """Caption the image whose detector output is `regions`."""
-    if tuned.task != "caption":
+    if not issubclass(tuned.kind, CaptionTask):
         raise ValueError(
             f"`ask --caption` needs a captioning checkpoint; this one was tuned for {tuned.task}"
         )

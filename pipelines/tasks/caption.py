@@ -123,8 +123,8 @@ class CaptionTask(FinetuneTask):
 
     @classmethod
     def default_config(cls) -> FinetuneConfig:
-        """Captions of at most 16 words, as Karpathy's references."""
-        return FinetuneConfig(task=cls.name, max_length=MAX_LENGTH)
+        """The Up-Down captioner, captions of at most 16 words as Karpathy's references."""
+        return FinetuneConfig(task=cls.name, arch="updown", max_length=MAX_LENGTH)
 
     @classmethod
     def load_outputs(cls, directory: Path, settings: dict) -> tuple[Vocabulary, Vocabulary]:
