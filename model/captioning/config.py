@@ -21,7 +21,6 @@ class CaptionConfig:
         "sat": {"embed_size": 512},
         # Small enough for unit tests and the demo on a laptop CPU.
         "tiny": {
-            "visual_feat_dim": 32,
             "embed_size": 32,
             "hidden_size": 48,
             "attention_size": 24,

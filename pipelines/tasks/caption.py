@@ -31,7 +31,6 @@ from storage import FeatureReader
 log = logging.getLogger(__name__)
 
 CAPTION_INPUTS = ("input_ids", "visual_feats", "visual_pos", "visual_attention_mask")
-REGION_INPUTS = ("visual_feats", "visual_pos", "visual_attention_mask")
 
 
 def references(examples: Iterable[CaptionExample]) -> dict[int, list[str]]:

@@ -60,6 +60,7 @@ def test_scoring_uses_soft_scores_and_refuses_missing_answers(tmp_path: Path) ->
 
 QUICK = ["demo", "--quick", "--images", "24", "--seed", "1"]
 STAGES = ("extract", "pretrain", "finetune", "evaluate", "ask")  # the `xmodal` commands, in order
+CAPTION_STAGES = ("caption-finetune", "caption-evaluate", "caption-ask")  # then the captioning ones
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     for key in ("accuracy", "baseline_accuracy", "prior_baseline_accuracy", "elapsed_s", "stage_s"):
         assert key in summary, key
     assert summary["detector_weights"] == "random"
-    assert list(summary["stage_s"]) == ["generate", *STAGES, "report"]
+    assert list(summary["stage_s"]) == ["generate", *STAGES, *CAPTION_STAGES, "report"]
 
     test_rows = json.loads((workdir / "data" / "vqa_test.json").read_text())
     assert summary["test_questions"] == len(test_rows)
@@ -118,6 +119,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
         pics / "loss_curves.png",
         *detections,
         pics / "ask_attention_large.png",
+        pics / "caption_attention.png",  # what `xmodal ask --caption --explain` drew
     ]
     for png in expected:
         assert png.is_file() and Image.open(png).format == "PNG", png.name
@@ -126,7 +128,11 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     assert (pics / "ask_attention.png").is_file()  # what `xmodal ask --explain` drew
 
     # the report lists the real commands, each one parsed by the `xmodal` command line
-    assert [_argv(c)[0] for c in summary["commands"]] == list(STAGES)
+    assert [_argv(c)[0] for c in summary["commands"]] == [*STAGES, "finetune", "evaluate", "ask"]
+    caption = summary["caption"]
+    assert {"CIDEr", "Bleu_4", "ROUGE_L"} <= set(caption["metrics"])
+    assert caption["test_images"] > 0 and caption["ask"]["truth"]
+    assert "Captioning (Up-Down)" in text
     parser = build_parser()
     for line in summary["commands"]:
         assert html.escape(line) in text
@@ -169,9 +175,11 @@ def test_a_fixed_seed_gives_the_same_numbers(quick_demo: Path, tmp_path: Path) -
                 "per_type_accuracy", "majority_answer"):  # fmt: skip
         assert first[key] == second[key], key
     assert _stored(quick_demo / "features.lmdb") == _stored(again / "features.lmdb")
-    for run in ("pretrain", "vqa"):
+    for run in ("pretrain", "vqa", "caption"):
         assert _losses(quick_demo / "runs" / run / "metrics.jsonl") == _losses(
             again / "runs" / run / "metrics.jsonl"
         ), run
-    predictions = "runs/vqa/test_predictions.json"
-    assert json.loads((quick_demo / predictions).read_text()) == json.loads((again / predictions).read_text())
+    for predictions in ("runs/vqa/test_predictions.json", "runs/caption/test_captions.json"):
+        assert json.loads((quick_demo / predictions).read_text()) == json.loads(
+            (again / predictions).read_text()
+        ), predictions
