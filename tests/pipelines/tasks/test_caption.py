@@ -125,8 +125,8 @@ def test_finetune_and_evaluate_through_the_cli(corpus, tmp_path, capsys, monkeyp
     out = tmp_path / "run"
     argv = ["finetune", "caption", "--arch", "sat-soft", "--features", str(store),
             "--train", f"{split_file}:train", "--valid", f"{split_file}:val", "--out", str(out),
-            "task.preset=tiny", "--max-steps", "3", "--batch-size", "20",
-            f"task.model.visual_feat_dim={DIM}", "task.vocab_min_count=1", "train.loader_workers=0"]  # fmt: skip
+            "task.preset=tiny", "--max-steps", "3", "--batch-size", "20", f"task.model.visual_feat_dim={DIM}",
+            "task.vocab_min_count=1", "train.loader_workers=0"]  # fmt: skip
     assert main(argv) == 0
     results = tmp_path / "captions_val.json"
     assert main(["evaluate", "caption", "--checkpoint", str(out / "last"), "--features", str(store),
