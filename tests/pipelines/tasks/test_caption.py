@@ -100,14 +100,15 @@ def test_self_critical_phase_logs_rewards(corpus, tmp_path):
 
 @pytest.mark.parametrize("arch", ["sat-hard", "updown"])
 def test_resume_is_exact(corpus, tmp_path, arch):
-    """A run resumed from its step-3 checkpoint ends with the uninterrupted run's weights, through both the
-    cross-entropy and the SCST phase (sampled captions, hard attention's sampled regions and baseline)."""
+    """A run resumed from its step-2 checkpoint ends with the uninterrupted run's weights, replaying a
+    cross-entropy step (hard attention's sampled regions and baseline) and the SCST steps (sampled
+    captions)."""
     run = caption_run(corpus, arch=arch, steps=6, scst_from_epoch=1)
-    run.train.save_every = 3
+    run.train.save_every = 2  # checkpoints at steps 2, 4, 6; epochs of 3 steps, SCST from step 4
     finetune(run, tmp_path / "whole")
     partial = tmp_path / "partial"
     shutil.copytree(tmp_path / "whole", partial)
-    for name in ("last", "best", "checkpoints/step-6"):
+    for name in ("last", "best", "checkpoints/step-4", "checkpoints/step-6"):
         shutil.rmtree(partial / name, ignore_errors=True)
     assert (partial / "checkpoints").is_dir()
     finetune(run, partial, resume=True)
