@@ -142,7 +142,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
 @pytest.mark.slow
 def test_a_recorded_command_reruns_its_stage(quick_demo: Path, tmp_path: Path) -> None:
     (line,) = [
-        c for c in json.loads((quick_demo / "summary.json").read_text())["commands"] if " evaluate " in c
+        c for c in json.loads((quick_demo / "summary.json").read_text())["commands"] if " evaluate vqa " in c
     ]
     argv = _argv(line)
     out = tmp_path / "again.json"
