@@ -71,6 +71,8 @@ class Captioner(nn.Module, PretrainedMixin):
         mask = mask.bool()
         if not bool(mask.any(dim=1).all()):
             raise ValueError("every image needs at least one real region (a row of the mask is all zero)")
+        if self.config.normalize_features:
+            features = F.layer_norm(features, features.shape[-1:])
         return Context(features, self.attention.project(features), mask, masked_mean(features, mask))
 
     def init_state(self, ctx: Context) -> State:

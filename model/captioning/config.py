@@ -34,6 +34,9 @@ class CaptionConfig:
     hidden_size: int = 1000
     attention_size: int = 512
     dropout: float = 0.5
+    # Layer-normalise each region's features (no parameters) before use: detectors differ in feature scale
+    # by orders of magnitude and raw 2048-d inputs saturate the LSTM gates. False = the papers' raw features.
+    normalize_features: bool = True
     max_length: int = 16
     pad_token_id: int = 0
     bos_token_id: int = 1

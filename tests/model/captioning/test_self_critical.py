@@ -24,7 +24,7 @@ def test_scst_raises_cider():
     data = make_caption_set(48)
     cider = CiderD(data.references)
     model = build("updown", seed=0)
-    train(model, data, steps=40)  # a partly trained captioner, as SCST starts from cross-entropy
+    train(model, data, steps=16)  # a partly trained captioner, as SCST starts from cross-entropy
 
     def greedy_cider() -> float:
         model.eval()
