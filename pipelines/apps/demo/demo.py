@@ -42,8 +42,8 @@ class DemoConfig:
     pretrain_lr: float = 5e-4
     finetune_steps: int = 1500
     finetune_lr: float = 1e-3
-    caption_steps: int = 600
-    caption_lr: float = 5e-3
+    caption_steps: int = 400
+    caption_lr: float = 2e-3
     batch_size: int = 32
     log_every: int = 10
     eval_every: int = 50
@@ -236,6 +236,8 @@ def _caption(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _P
          "--train", f"{split}:train", "--valid", f"{split}:val", "--out", str(paths.caption),
          "--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size), "--max-steps", str(cfg.caption_steps),
          "--lr", str(cfg.caption_lr), "task.preset=tiny", "task.vocab_min_count=1", "task.max_length=20",
+         # wider than `tiny`: with 48 units the 2048-d region features drown the word input of the LSTMs
+         "task.model.hidden_size=256", "task.model.embed_size=256", "task.model.attention_size=128",
          "train.loader_workers=0", "train.clip_norm=1.0", f"train.log_every={cfg.log_every}",
          f"train.eval_every={cfg.eval_every}"],
         threads=1,
