@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import pretrained
+from .captioning import CaptionConfig, HardAttentionCaptioner, SoftAttentionCaptioner, UpDownCaptioner
 from .lxmert import (
     Lxmert,
     LxmertConfig,
@@ -113,6 +114,22 @@ FAMILIES: dict[str, Family] = {
         },
         convert=convert_visualbert,
         read_foreign=read_visualbert_dir,
+    ),
+    # The captioners: one row per architecture, the whole network in both roles (no separate backbone).
+    "updown": Family(
+        name="updown",
+        config_class=CaptionConfig,
+        models={"backbone": UpDownCaptioner, "caption": UpDownCaptioner},
+    ),
+    "sat-soft": Family(
+        name="sat-soft",
+        config_class=CaptionConfig,
+        models={"backbone": SoftAttentionCaptioner, "caption": SoftAttentionCaptioner},
+    ),
+    "sat-hard": Family(
+        name="sat-hard",
+        config_class=CaptionConfig,
+        models={"backbone": HardAttentionCaptioner, "caption": HardAttentionCaptioner},
     ),
 }
 

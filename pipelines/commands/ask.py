@@ -1,4 +1,5 @@
-"""`xmodal ask IMAGE QUESTION`: the detector and a fine-tuned VQA/GQA model answer a question on an image."""
+"""`xmodal ask IMAGE QUESTION`: the detector and a fine-tuned VQA/GQA model answer a question on an image;
+`xmodal ask IMAGE --caption`: a fine-tuned captioner describes it."""
 
 from __future__ import annotations
 
@@ -14,8 +15,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.apps.ask import DEFAULT_DEVICE, DEFAULT_TOP_K
 
     parser.add_argument("image", help="image file")
-    parser.add_argument("question", help='the question, e.g. "what is the man holding?"')
-    parser.add_argument("--checkpoint", required=True, help="fine-tuned VQA/GQA directory (runs/vqa/best)")
+    parser.add_argument(
+        "question", nargs="?", help='the question, e.g. "what is the man holding?" (none with --caption)'
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="fine-tuned VQA/GQA (runs/vqa/best) or captioning directory"
+    )
+    parser.add_argument(
+        "--caption",
+        action="store_true",
+        help="describe the image with a captioning checkpoint; --explain then draws each word's attention",
+    )
+    parser.add_argument("--beam-size", type=int, default=3, help="beam width for --caption (default: 3)")
     parser.add_argument(
         "--weights",
         help="detector checkpoint; default: the one the training features were made with if it exists, "
@@ -46,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.apps.ask import ask_image
 
+    if args.caption:
+        return _caption(args)
+    if args.question is None:
+        print("xmodal ask: give a question, or --caption to describe the image", file=sys.stderr)
+        return 1
     try:
         object_names, attr_names = vg_vocab(args.vocab) if args.explain else (None, None)
         result = ask_image(
@@ -86,3 +102,39 @@ def _as_json(args: argparse.Namespace, answers: list[tuple[str, float]]) -> dict
         "answers": [{"answer": a, "score": s} for a, s in answers],
         "explain": args.explain,
     }
+
+
+def _caption(args: argparse.Namespace) -> int:
+    from pipelines.apps.caption import caption_image
+
+    if args.question is not None:
+        print("xmodal ask: --caption takes no question; drop one of them", file=sys.stderr)
+        return 1
+    try:
+        result = caption_image(
+            args.image,
+            args.checkpoint,
+            weights=args.weights,
+            explain=args.explain,
+            beam_size=args.beam_size,
+            device=args.device,
+            min_size=args.min_size,
+            max_size=args.max_size,
+        )
+    except (ValueError, FileNotFoundError) as exc:  # ImageError is a ValueError
+        print(f"xmodal ask: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        text = json.dumps(
+            {"image": args.image, "caption": result.caption, "words": result.words, "explain": args.explain},
+            indent=1,
+        )
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    print(result.caption)
+    if args.explain:
+        print(f"each word's attended regions drawn to {args.explain}")
+    return 0

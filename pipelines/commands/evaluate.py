@@ -14,12 +14,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", choices=finetuning_tasks(), help="the task the checkpoint was tuned for")
     parser.add_argument("--checkpoint", required=True, help="fine-tuned directory (runs/vqa/best)")
     parser.add_argument("--features", nargs="+", required=True, metavar="LMDB", help="feature stores")
-    parser.add_argument("--split", nargs="+", required=True, metavar="JSON", help="examples to predict")
+    parser.add_argument(
+        "--split",
+        nargs="+",
+        required=True,
+        metavar="JSON",
+        help="examples to predict (captions: dataset_coco.json:test, a Karpathy file's split)",
+    )
     parser.add_argument(
         "--out",
         required=True,
         help="prediction file: VQA [{question_id, answer}], GQA [{questionId, prediction}] JSON, "
-        "NLVR2 identifier,True|False CSV; metrics go beside it as <stem>.metrics.json",
+        "NLVR2 identifier,True|False CSV, COCO captions [{image_id, caption}] JSON; metrics go beside it "
+        "as <stem>.metrics.json",
     )
     parser.add_argument(
         "--batch-size",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.nlvr2 import NLVR2Task
 from pipelines.tasks.pretrain import PretrainTask
@@ -15,6 +16,7 @@ TASKS: dict[str, type] = {
     "gqa": GQATask,
     "nlvr2": NLVR2Task,
     "retrieval": RetrievalTask,
+    "caption": CaptionTask,
 }
 
 

@@ -62,9 +62,14 @@ class FinetuneConfig:
     max_answers: int | None = None
     init_answers: str | None = None  # the pre-training answer table; None = looked up in the init directory
     seed_answer_head: bool = True
-    max_length: int = 20
+    max_length: int = 20  # text tokens; for captions the most words of a caption (16 for the caption task)
     skip_missing: bool = False  # drop examples whose images are not in the store instead of failing
     skip_bad_records: bool = False  # drop examples reading records that fail storage.validate
+    # captioning only
+    vocab_min_count: int = 5  # words seen fewer times in the training captions become <unk>
+    scst_from_epoch: int | None = None  # self-critical training from this epoch on; None = cross-entropy only
+    scst_samples: int = 1  # sampled captions per image in self-critical training
+    beam_size: int = 3  # beam search width for validation captions
 
 
 @dataclass
@@ -188,6 +193,17 @@ class FinetuneTask:
         return TrainConfig(
             lr=cls.lr, optimizer="bertadam", batch_size=32, epochs=4, warmup_ratio=0.1, clip_norm=5.0
         )
+
+    @classmethod
+    def default_config(cls) -> FinetuneConfig:
+        """The task section of a run with this task's defaults."""
+        return FinetuneConfig(task=cls.name)
+
+    @classmethod
+    def load_outputs(cls, directory: Path, settings: dict) -> tuple[Any, AnswerTable | None]:
+        """(tokenizer, answer table) of a directory this task saved."""
+        answers = AnswerTable.load(directory / settings["answers"]) if settings.get("answers") else None
+        return load_tokenizer(directory), answers
 
     # ---- setup
     def _load(self, files: list[str], what: str) -> list[Example]:

@@ -10,8 +10,7 @@ from typing import Any
 import torch
 
 from model import get_family
-from pipelines.data.answers import ANSWERS_FILE, AnswerTable
-from pipelines.data.text import load_tokenizer
+from pipelines.data.answers import AnswerTable
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.jobs.ray_runtime import ray_for_workers
@@ -26,18 +25,21 @@ def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> Finet
 
 def default_run(task: str) -> FinetuneRun:
     """A `task` run with the release's schedule."""
-    return FinetuneRun(task=FinetuneConfig(task=task), train=get_finetune_task(task).default_train_config())
+    kind = get_finetune_task(task)
+    return FinetuneRun(task=kind.default_config(), train=kind.default_train_config())
 
 
 def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dict:
     """Fine-tune into `out_dir` (best/, last/, checkpoints/, metrics.jsonl); returns the run summary.
 
-    On resume the answer table of the newest checkpoint is reused, so labels keep their meaning."""
+    On resume the answer table (a captioner's vocabulary) of the newest checkpoint is reused, so labels
+    keep their meaning."""
     out_dir = Path(out_dir)
     answers = None
     latest = latest_checkpoint(out_dir / "checkpoints") if resume else None
-    if latest is not None and (latest / ANSWERS_FILE).is_file():
-        answers = AnswerTable.load(latest / ANSWERS_FILE)
+    if latest is not None and (latest / RUN_FILE).is_file():
+        settings = json.loads((latest / RUN_FILE).read_text())
+        answers = get_finetune_task(run.task.task).load_outputs(latest, settings)[1]
     task = build_task(run.task, answers=answers)
     with ray_for_workers(run.train.workers, run.train.ray_address):
         return fit(task, run.train, out_dir, resume=resume)
@@ -69,9 +71,7 @@ def load_finetuned(directory: str | Path, device: str | torch.device = "cpu") ->
         )
     settings = json.loads(run_file.read_text())
     kind = get_finetune_task(settings["task"])
-    answers = AnswerTable.load(directory / settings["answers"]) if settings.get("answers") else None
+    tokenizer, answers = kind.load_outputs(directory, settings)
     model = kind.load_head(get_family(settings.get("arch", DEFAULT_ARCH)), directory, answers)
     model.to(device).eval()
-    return Finetuned(
-        kind.name, model, load_tokenizer(directory), answers, int(settings["max_length"]), settings
-    )
+    return Finetuned(kind.name, model, tokenizer, answers, int(settings["max_length"]), settings)

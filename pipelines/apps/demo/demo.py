@@ -1,4 +1,4 @@
-"""The whole pipeline on generated scenes: Ray extraction -> LMDB -> pre-train -> VQA -> report."""
+"""The whole pipeline on generated scenes: Ray extraction -> LMDB -> pre-train -> VQA, captions -> report."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ class DemoConfig:
     pretrain_lr: float = 5e-4
     finetune_steps: int = 1500
     finetune_lr: float = 1e-3
+    caption_steps: int = 400
+    caption_lr: float = 2e-3
     batch_size: int = 32
     log_every: int = 10
     eval_every: int = 50
@@ -51,8 +53,8 @@ class DemoConfig:
     @classmethod
     def quick(cls, **kw) -> DemoConfig:
         """A few dozen images and steps: checks that every stage runs, not that anything is learned."""
-        base = dict(images=36, pretrain_steps=6, finetune_steps=10, batch_size=8, boxes=6, proposals=8,
-                    log_every=2, eval_every=5)  # fmt: skip
+        base = dict(images=36, pretrain_steps=6, finetune_steps=10, caption_steps=6, batch_size=8, boxes=6,
+                    proposals=8, log_every=2, eval_every=5)  # fmt: skip
         return cls(**{**base, **kw})
 
 
@@ -103,6 +105,14 @@ class _Paths:
             )
         self.root.mkdir(parents=True, exist_ok=True)
         self.marker.write_text("made by `xmodal demo`: it replaces its own outputs here on the next run\n")
+
+    @property
+    def caption(self) -> Path:
+        return self.root / "runs" / "caption"
+
+    @property
+    def captions(self) -> Path:
+        return self.root / "runs" / "caption" / "test_captions.json"
 
     def outputs(self) -> list[Path]:
         """Everything a demo writes; a new demo removes these first (stored ids from another seed would
@@ -266,6 +276,69 @@ def _evaluate_other_images(stages: _Stages, cfg: DemoConfig, data: SyntheticData
     )  # fmt: skip
 
 
+def _caption(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> dict:
+    """Train the Up-Down captioner on the scenes' descriptions, caption the test images with `xmodal
+    evaluate`, and describe one image with `xmodal ask --caption` (its attention over time drawn)."""
+    split = str(data.captions)
+    stages.xmodal(
+        "caption-finetune",
+        ["finetune", "caption", "--arch", "updown", "--features", str(paths.features),
+         "--train", f"{split}:train", "--valid", f"{split}:val", "--out", str(paths.caption),
+         "--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size), "--max-steps", str(cfg.caption_steps),
+         "--lr", str(cfg.caption_lr), "task.preset=tiny", "task.vocab_min_count=1", "task.max_length=20",
+         # wider than `tiny`: with 48 units the 2048-d region features drown the word input of the LSTMs
+         "task.model.hidden_size=256", "task.model.embed_size=256", "task.model.attention_size=128",
+         "train.loader_workers=0", "train.clip_norm=1.0", f"train.log_every={cfg.log_every}",
+         f"train.eval_every={cfg.eval_every}"],
+        threads=1,
+    )  # fmt: skip
+    stages.xmodal(
+        "caption-evaluate",
+        ["evaluate", "caption", "--checkpoint", str(paths.caption / "best"),
+         "--features", str(paths.features), "--split", f"{split}:test", "--out", str(paths.captions)],
+        threads=1,
+    )  # fmt: skip
+    row = next(r for r in json.loads(data.captions.read_text())["images"] if r["split"] == "test")
+    weights = ["--weights", cfg.weights] if cfg.weights else []
+    stages.xmodal(
+        "caption-ask",
+        ["ask", str(data.images_dir / row["filename"]), "--caption",
+         "--checkpoint", str(paths.caption / "best"), *weights,
+         "--explain", str(paths.root / "report" / "caption_attention.png"),
+         "--json", str(paths.root / "report" / "caption.json")],
+    )  # fmt: skip
+    return row
+
+
+def caption_summary(data: SyntheticDataset, paths: _Paths, asked_row: dict) -> dict:
+    """`xmodal evaluate`'s caption metrics, and CIDEr-D of the model's test captions beside that of the most
+    frequent training caption given to every test image (both on the same word tokens)."""
+    from pipelines.data.captions import load_caption_examples
+    from pipelines.scoring.captions import evaluate_captions
+
+    split = str(data.captions)
+    train = load_caption_examples(f"{split}:train")
+    test = load_caption_examples(f"{split}:test")
+    constant = Counter(" ".join(c) for e in train for c in e.label).most_common(1)[0][0]
+    refs = {e.image_id: [" ".join(c) for c in e.label] for e in test}
+    predicted = {r["image_id"]: r["caption"] for r in json.loads(paths.captions.read_text())}
+
+    def cider(captions: dict) -> float:
+        scores = evaluate_captions(refs, captions, pretokenized=True, java=False)
+        return round(100 * scores.metrics["CIDEr"], 2)
+
+    asked = json.loads((paths.root / "report" / "caption.json").read_text())
+    truth = [s["raw"] for s in asked_row["sentences"]]
+    return {
+        "metrics": json.loads(paths.captions.with_suffix(".metrics.json").read_text()),
+        "cider_d": cider(predicted),
+        "baseline_cider_d": cider({k: constant for k in refs}),
+        "baseline_caption": constant,
+        "test_images": len(test),
+        "ask": {"image": asked["image"], "caption": asked["caption"], "truth": truth},
+    }
+
+
 def _ask(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths, test_rows: list[dict]):
     """`xmodal ask` on the first held-out colour question; it restores the demo's detector settings from
     the extraction recorded in the checkpoint."""
@@ -338,6 +411,8 @@ def run_demo(cfg: DemoConfig, xmodal: Callable[[list[str]], int]) -> dict:
     summary["per_type_other_images"] = other["per_type_accuracy"]
     summary["image_gain_points"] = round(summary["accuracy"] - other["accuracy"], 2)
     ask = _ask(stages, cfg, data, paths, test_rows)
+    asked_row = _caption(stages, cfg, data, paths)
+    summary["caption"] = caption_summary(data, paths, asked_row)
     summary["stage_s"] = stages.seconds
     summary["commands"] = stages.commands
     summary["elapsed_s"] = round(time.perf_counter() - start, 2)
@@ -367,8 +442,10 @@ def _report(summary: dict, data: SyntheticDataset, paths: _Paths, test_rows: lis
             curves={
                 "pre-training": paths.pretrain / "metrics.jsonl",
                 "VQA fine-tuning": paths.vqa / "metrics.jsonl",
+                "captioning": paths.caption / "metrics.jsonl",
             },
             ask=ask,
+            caption_png=paths.root / "report" / "caption_attention.png",
             commands=summary["commands"],
         )
     )

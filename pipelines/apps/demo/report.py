@@ -1,4 +1,5 @@
-"""The demo's report: `report.html` with PNGs of detections, loss curves, accuracy and one `xmodal ask`."""
+"""The demo's report: `report.html` with PNGs of detections, loss curves, accuracy, one `xmodal ask`, and
+the captioner's scores and attention over time."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ class ReportInputs:
     detections: Sequence[tuple[Path, RegionFeatures]] = ()
     curves: Mapping[str, Path] = field(default_factory=dict)  # run name -> metrics.jsonl
     ask: AskResult | None = None
+    caption_png: Path | None = (
+        None  # `xmodal ask --caption --explain`'s picture; scores in summary["caption"]
+    )
     object_names: Sequence[str] | None = None
     attr_names: Sequence[str] | None = None
     commands: Sequence[str] = ()
@@ -176,6 +180,31 @@ def _image_matters(s: Mapping) -> str:
     )
 
 
+def _caption_section(c: Mapping, picture: Path | None, root: Path) -> list[str]:
+    """Captioning: CIDEr-D against the constant-caption baseline, `xmodal evaluate`'s metrics, one caption."""
+    better = float(c["cider_d"]) > float(c["baseline_cider_d"])
+    parts = [
+        "<h2>Captioning (Up-Down)</h2>",
+        f"<p class='{'ok' if better else 'bad'}'>Test CIDEr-D {float(c['cider_d']):.1f} vs "
+        f"{float(c['baseline_cider_d']):.1f} for the most frequent training caption given to every test "
+        f"image (<i>{html.escape(str(c['baseline_caption']))}</i>), on {c['test_images']} test images.</p>",
+        "<p><code>xmodal evaluate caption</code> (×100; skipped metrics are named in its log):</p>",
+        _table([(name, f"{float(v):.2f}") for name, v in c["metrics"].items()]),
+    ]
+    ask = c.get("ask")
+    if ask:
+        truth = "<br>".join(html.escape(t) for t in ask["truth"])
+        parts.append(
+            f"<p><code>xmodal ask {html.escape(Path(ask['image']).name)} --caption</code>: "
+            f"<b>{html.escape(ask['caption'])}</b><br>references: {truth}</p>"
+        )
+    if picture is not None and Path(picture).is_file():
+        parts.append(
+            "<p>Attention over time (each word's attended regions):</p>" + _img(picture, root, "caption")
+        )
+    return parts
+
+
 def write_report(inputs: ReportInputs) -> Path:
     """Draw the pictures into `out_dir/report/` and write `out_dir/report.html`; returns its path."""
     root = inputs.out_dir
@@ -256,6 +285,9 @@ def write_report(inputs: ReportInputs) -> Path:
         if a.explain_png is not None and Path(a.explain_png).is_file():
             picture = _img(a.explain_png, root, "attention")
             parts.append(f"<p>Regions the answer attended to most:</p>{picture}")
+
+    if s.get("caption"):
+        parts += _caption_section(s["caption"], inputs.caption_png, root)
 
     if inputs.commands:
         cmds = "\n".join(html.escape(c) for c in inputs.commands)

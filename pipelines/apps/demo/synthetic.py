@@ -90,6 +90,7 @@ class SyntheticDataset:
     vocab: Path
     pretrain: dict[str, Path]
     vqa: dict[str, Path]
+    captions: Path  # Karpathy-style split file (dataset_coco.json layout): FILE:train, FILE:val, FILE:test
     counts: dict[str, int]
 
 
@@ -201,7 +202,8 @@ def _write_json(path: Path, obj: object) -> None:
 
 
 def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> SyntheticDataset:
-    """Write images, scenes.json, corpus.txt, vocab.txt and the pre-training and VQA JSON splits."""
+    """Write images, scenes.json, corpus.txt, vocab.txt, the pre-training and VQA JSON splits, and the
+    captions as a Karpathy split file."""
     cfg = cfg or SyntheticConfig()
     root = Path(out_dir)
     images_dir = root / "images"
@@ -213,6 +215,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
     pretrain: dict[str, list[dict]] = {s: [] for s in SPLITS}
     vqa: dict[str, list[dict]] = {s: [] for s in SPLITS}
     corpus: list[str] = []
+    karpathy: list[dict] = []
     for i, split in enumerate(splits):
         scene = _sample_scene(rng, cfg, f"synth_{i:06d}", split)
         image = render(scene, rng, cfg.noise_std)
@@ -221,6 +224,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
 
         caps = captions(scene)
         qs = questions(scene)
+        karpathy.append(_karpathy_row(i, scene, caps, cfg.image_format))
         pretrain[split].append(
             {
                 "img_id": scene.img_id,
@@ -243,6 +247,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
             corpus.extend(caps + [q["sent"] for q in qs])
 
     _write_json(root / "scenes.json", [asdict(s) for s in scenes])
+    _write_json(root / "captions.json", {"dataset": "synthetic", "images": karpathy})
     (root / "corpus.txt").write_text("\n".join(corpus) + "\n")
     write_vocab(corpus, root / "vocab.txt")
     pretrain_paths = {s: root / f"pretrain_{s}.json" for s in ("train", "valid")}
@@ -261,8 +266,26 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
         vocab=root / "vocab.txt",
         pretrain=pretrain_paths,
         vqa=vqa_paths,
+        captions=root / "captions.json",
         counts=counts,
     )
+
+
+def _karpathy_row(index: int, scene: Scene, caps: list[str], image_format: str) -> dict:
+    """One image of a `dataset_coco.json`-style split file; `valid` is Karpathy's `val`."""
+    sentences = [
+        {"tokens": re.findall(r"\w+", c.lower()), "raw": c, "imgid": index, "sentid": 10 * index + k}
+        for k, c in enumerate(caps)
+    ]
+    return {
+        "filepath": "images",
+        "filename": f"{scene.img_id}.{image_format}",
+        "imgid": index,
+        "split": "val" if scene.split == "valid" else scene.split,
+        "sentids": [s["sentid"] for s in sentences],
+        "sentences": sentences,
+        "cocoid": index,
+    }
 
 
 def write_vocab(sentences: list[str], path: Path) -> Path:

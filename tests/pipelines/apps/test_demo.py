@@ -82,6 +82,7 @@ def test_other_images_moves_every_question_to_another_held_out_image() -> None:
 QUICK = ["demo", "--quick", "--images", "24", "--seed", "1"]
 STAGES = ("extract", "pretrain", "finetune", "evaluate", "evaluate other images", "ask")
 COMMANDS = ("extract", "pretrain", "finetune", "evaluate", "evaluate", "ask")  # their `xmodal` commands
+CAPTION_STAGES = ("caption-finetune", "caption-evaluate", "caption-ask")  # then the captioning ones
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     for key in ("accuracy", "baseline_accuracy", "prior_baseline_accuracy", "elapsed_s", "stage_s"):
         assert key in summary, key
     assert summary["detector_weights"] == "random"
-    assert list(summary["stage_s"]) == ["generate", *STAGES, "report"]
+    assert list(summary["stage_s"]) == ["generate", *STAGES, *CAPTION_STAGES, "report"]
 
     test_rows = json.loads((workdir / "data" / "vqa_test.json").read_text())
     assert summary["test_questions"] == len(test_rows)
@@ -152,6 +153,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
         pics / "loss_curves.png",
         *detections,
         pics / "ask_attention.png",
+        pics / "caption_attention.png",  # what `xmodal ask --caption --explain` drew
     ]
     for png in expected:
         assert png.is_file() and Image.open(png).format == "PNG", png.name
@@ -159,7 +161,11 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     assert len(linked) == len(expected)
 
     # the report lists the real commands, each one parsed by the `xmodal` command line
-    assert [_argv(c)[0] for c in summary["commands"]] == list(COMMANDS)
+    assert [_argv(c)[0] for c in summary["commands"]] == [*COMMANDS, "finetune", "evaluate", "ask"]
+    caption = summary["caption"]
+    assert {"CIDEr", "Bleu_4", "ROUGE_L"} <= set(caption["metrics"])
+    assert caption["test_images"] > 0 and caption["ask"]["truth"]
+    assert "Captioning (Up-Down)" in text
     parser = build_parser()
     for line in summary["commands"]:
         assert html.escape(line) in text
@@ -169,7 +175,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
 @pytest.mark.slow
 def test_a_recorded_command_reruns_its_stage(quick_demo: Path, tmp_path: Path) -> None:
     commands = json.loads((quick_demo / "summary.json").read_text())["commands"]
-    line = next(c for c in commands if " evaluate " in c)  # the held-out split with its own images
+    line = next(c for c in commands if " evaluate vqa " in c)  # the held-out split with its own images
     argv = _argv(line)
     out = tmp_path / "again.json"
     argv[argv.index("--out") + 1] = str(out)
@@ -201,12 +207,14 @@ def test_a_fixed_seed_gives_the_same_numbers(quick_demo: Path, tmp_path: Path) -
                 "per_type_accuracy", "majority_answer", "other_images_accuracy"):  # fmt: skip
         assert first[key] == second[key], key
     assert _stored(quick_demo / "features.lmdb") == _stored(again / "features.lmdb")
-    for run in ("pretrain", "vqa"):
+    for run in ("pretrain", "vqa", "caption"):
         assert _losses(quick_demo / "runs" / run / "metrics.jsonl") == _losses(
             again / "runs" / run / "metrics.jsonl"
         ), run
-    predictions = "runs/vqa/test_predictions.json"
-    assert json.loads((quick_demo / predictions).read_text()) == json.loads((again / predictions).read_text())
+    for predictions in ("runs/vqa/test_predictions.json", "runs/caption/test_captions.json"):
+        assert json.loads((quick_demo / predictions).read_text()) == json.loads(
+            (again / predictions).read_text()
+        ), predictions
 
 
 def test_a_folder_the_demo_did_not_make_is_left_alone(tmp_path, caplog):

@@ -56,7 +56,17 @@ def files(tmp_path_factory):
     tasks = (("vqa", qa), ("gqa", qa), ("nlvr2", nlvr2), ("pretrain", pretrain), ("retrieval", retrieval))
     for name, rows in tasks:
         (root / f"{name}.json").write_text(json.dumps(rows))
+    karpathy = [
+        {"filename": f"{img}.jpg", "split": "train", "cocoid": i,
+         "sentences": [{"tokens": ["a", answers[i % 2], "thing"], "raw": f"A {answers[i % 2]} thing."}]}
+        for i, img in enumerate(IMAGES)
+    ]  # fmt: skip
+    (root / "caption.json").write_text(json.dumps({"images": karpathy, "dataset": "coco"}))
     return root
+
+
+# what a task needs beyond the shared settings: the captioner builds its own word vocabulary
+SPECIFIC = {"caption": {"vocab": None, "arch": "updown", "vocab_min_count": 1}}
 
 
 def _task(name: str, root):
@@ -69,7 +79,7 @@ def _task(name: str, root):
     }
     cls = TASKS[name]
     if issubclass(cls, FinetuneTask):
-        return cls(FinetuneConfig(task=name, **common))
+        return cls(FinetuneConfig(task=name, **{**common, **SPECIFIC.get(name, {})}))
     assert cls is PretrainTask
     return cls(PretrainConfig(**common))
 

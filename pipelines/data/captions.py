@@ -1,0 +1,285 @@
+"""Caption data: the Karpathy split JSON, COCO caption annotations, and the word vocabulary."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from pipelines.data.regions import pad_regions, region_arrays
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, matching model.captioning.CaptionConfig's defaults
+MAX_LENGTH = 16
+VOCAB_FILE = "vocab.json"  # a captioning run directory's vocabulary
+COUNT_THRESHOLD = 5
+KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+SPLIT_SEPARATOR = ":"  # `dataset_coco.json:test` = the test images of a Karpathy file
+
+
+class CaptionDataError(ValueError):
+    """A caption file or one of its records is malformed; the message names which and how to fix it."""
+
+
+@dataclass
+class CaptionImage:
+    """One image with its reference captions (tokenised and raw)."""
+
+    image_id: int
+    filename: str
+    split: str  # train (restval included), val or test
+    captions: list[list[str]]
+    raw: list[str]
+    filepath: str = ""
+
+
+def tokenize_caption(raw: str) -> list[str]:
+    """Lower-case words without punctuation, as Karpathy's preprocessing produced the `tokens`."""
+    return re.findall(r"[a-z0-9]+(?:'[a-z]+)?", raw.lower())
+
+
+def _load_json(path: str | Path) -> object:
+    path = Path(path)
+    if not path.is_file():
+        raise CaptionDataError(f"{path}: no such file; pass the path to the caption JSON")
+    try:
+        with path.open(encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CaptionDataError(f"{path}: not valid JSON ({err}); re-download or re-export the file") from None
+
+
+def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
+    """Images of `dataset_coco.json` (Karpathy & Fei-Fei's split); `restval` counts as train."""
+    data = _load_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise CaptionDataError(
+            f"{path}: expected an object with an 'images' list (Karpathy's dataset_coco.json)"
+        )
+    images = []
+    for index, row in enumerate(data["images"]):
+        where = f"{path}: images[{index}]"
+        if not isinstance(row, dict):
+            raise CaptionDataError(f"{where} is not an object")
+        missing = [k for k in ("filename", "split", "sentences") if k not in row]
+        if "cocoid" not in row and "imgid" not in row:
+            missing.append("cocoid")
+        if missing:
+            raise CaptionDataError(f"{where} lacks field(s) {missing}; is this Karpathy's dataset_coco.json?")
+        split = KARPATHY_SPLITS.get(row["split"])
+        if split is None:
+            raise CaptionDataError(
+                f"{where} has split {row['split']!r}; expected one of {sorted(KARPATHY_SPLITS)}"
+            )
+        captions, raw = [], []
+        for s, sentence in enumerate(row["sentences"]):
+            if not isinstance(sentence, dict) or not ("tokens" in sentence or "raw" in sentence):
+                raise CaptionDataError(f"{where}.sentences[{s}] needs 'tokens' or 'raw'")
+            text = str(sentence.get("raw", " ".join(sentence.get("tokens", []))))
+            tokens = sentence.get("tokens")
+            if tokens is None:
+                tokens = tokenize_caption(text)
+            elif not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise CaptionDataError(f"{where}.sentences[{s}].tokens must be a list of strings")
+            captions.append([t.lower() for t in tokens])
+            raw.append(text)
+        image_id = row.get("cocoid", row.get("imgid"))
+        if not isinstance(image_id, int):
+            raise CaptionDataError(f"{where} has a non-integer cocoid {image_id!r}")
+        images.append(
+            CaptionImage(image_id, str(row["filename"]), split, captions, raw, str(row.get("filepath", "")))
+        )
+    return images
+
+
+def read_coco_captions(path: str | Path, split: str = "train") -> list[CaptionImage]:
+    """Images of a COCO caption annotation file (`captions_train2014.json`), all tagged `split`."""
+    data = _load_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+        raise CaptionDataError(
+            f"{path}: expected an object with an 'annotations' list (COCO captions_*.json)"
+        )
+    filenames: dict[int, str] = {}
+    for index, image in enumerate(data.get("images", [])):
+        if not isinstance(image, dict) or "id" not in image or "file_name" not in image:
+            raise CaptionDataError(f"{path}: images[{index}] needs 'id' and 'file_name'")
+        filenames[int(image["id"])] = str(image["file_name"])
+    raw: dict[int, list[str]] = {}
+    for index, ann in enumerate(data["annotations"]):
+        if not isinstance(ann, dict) or "image_id" not in ann or not isinstance(ann.get("caption"), str):
+            raise CaptionDataError(f"{path}: annotations[{index}] needs 'image_id' and a string 'caption'")
+        raw.setdefault(int(ann["image_id"]), []).append(ann["caption"].strip())
+    unknown = sorted(set(raw) - set(filenames)) if filenames else []
+    if unknown:
+        raise CaptionDataError(f"{path}: annotations name image id(s) {unknown[:3]} missing from 'images'")
+    return [
+        CaptionImage(
+            image_id,
+            filenames.get(image_id, f"{image_id:012d}.jpg"),
+            split,
+            [tokenize_caption(c) for c in captions],
+            captions,
+        )
+        for image_id, captions in raw.items()
+    ]
+
+
+class Vocabulary:
+    """Words kept by count, with `<pad> <bos> <eos> <unk>` as ids 0..3."""
+
+    def __init__(self, words: Sequence[str]):
+        self.words = list(SPECIAL_TOKENS) + [w for w in words if w not in SPECIAL_TOKENS]
+        self.index = {w: i for i, w in enumerate(self.words)}
+        if len(self.index) != len(self.words):
+            raise ValueError("vocabulary words must be unique")
+
+    pad_id, bos_id, eos_id, unk_id = 0, 1, 2, 3
+
+    @classmethod
+    def build(cls, captions: Iterable[Sequence[str]], count_threshold: int = COUNT_THRESHOLD) -> Vocabulary:
+        """Words seen at least `count_threshold` times in the (training) captions, most frequent first."""
+        counts = Counter(w for caption in captions for w in caption)
+        kept = sorted((w for w, c in counts.items() if c >= count_threshold), key=lambda w: (-counts[w], w))
+        return cls(kept)
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The padding id under the name the text tokenizers give it."""
+        return self.pad_id
+
+    def encode(self, tokens: Sequence[str], max_length: int = MAX_LENGTH) -> list[int]:
+        """`<bos>`, at most `max_length` words (unknown → `<unk>`), `<eos>`."""
+        ids = [self.index.get(t, self.unk_id) for t in tokens[:max_length]]
+        return [self.bos_id, *ids, self.eos_id]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Words up to the first `<eos>`, skipping `<bos>`/`<pad>`."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == self.eos_id:
+                break
+            if i in (self.pad_id, self.bos_id):
+                continue
+            words.append(self.words[i])
+        return " ".join(words)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"words": self.words}, indent=0), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        data = _load_json(path)
+        words = data.get("words") if isinstance(data, dict) else None
+        if not isinstance(words, list) or list(words[: len(SPECIAL_TOKENS)]) != list(SPECIAL_TOKENS):
+            raise CaptionDataError(
+                f"{path}: not a caption vocabulary (expected 'words' starting {SPECIAL_TOKENS})"
+            )
+        return cls(words[len(SPECIAL_TOKENS) :])
+
+
+@dataclass(frozen=True)
+class CaptionExample:
+    """One image to caption: its COCO id (`key`), its feature-store id, and its reference captions."""
+
+    image_id: int
+    img_id: str  # the feature-store key: the image file's name without its suffix
+    label: tuple[tuple[str, ...], ...] | None  # tokenised references; None when unknown
+    raw: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> int:
+        return self.image_id
+
+    @property
+    def images(self) -> tuple[str, ...]:
+        return (self.img_id,)
+
+
+def split_spec(spec: str | Path, default: str | None) -> tuple[Path, str | None]:
+    """`FILE` or `FILE:SPLIT` (train, val or test of a Karpathy file) → (path, split or `default`)."""
+    text = str(spec)
+    head, sep, tail = text.rpartition(SPLIT_SEPARATOR)
+    if sep and tail in ("train", "val", "test") and not Path(text).exists():
+        return Path(head), tail
+    return Path(text), default
+
+
+def read_caption_file(path: str | Path, split: str | None = None) -> list[CaptionImage]:
+    """Images of a Karpathy split JSON (`split` None = all) or of a COCO caption annotation file."""
+    data = _load_json(path)
+    if isinstance(data, dict) and "annotations" in data and "images" in data and "dataset" not in data:
+        return read_coco_captions(path, split or "train")
+    images = read_karpathy_split(path)
+    return images if split is None else [im for im in images if im.split == split]
+
+
+def load_caption_examples(
+    specs: str | Path | Iterable[str | Path], split: str | None = None
+) -> list[CaptionExample]:
+    """Caption examples of `FILE[:SPLIT]` specs; a Karpathy file without `:SPLIT` gives `split`'s images."""
+    out: list[CaptionExample] = []
+    seen: dict[int, Path] = {}
+    for spec in [specs] if isinstance(specs, (str, Path)) else specs:
+        path, chosen = split_spec(spec, split)
+        images = read_caption_file(path, chosen)
+        if not images:
+            raise CaptionDataError(
+                f"{path}: no images in split {chosen!r}; pass FILE:train, FILE:val or FILE:test"
+            )
+        for im in images:
+            if im.image_id in seen:
+                raise CaptionDataError(f"{path}: image {im.image_id} repeats (first in {seen[im.image_id]})")
+            seen[im.image_id] = path
+            refs = tuple(tuple(c) for c in im.captions if c)
+            out.append(CaptionExample(im.image_id, Path(im.filename).stem, refs or None, tuple(im.raw)))
+    return out
+
+
+class CaptionDataset(Dataset):
+    """Images with their regions and their encoded reference captions (`<bos> w… <eos>`)."""
+
+    def __init__(
+        self, examples: Sequence[CaptionExample], features, vocab: Vocabulary, max_length: int = MAX_LENGTH
+    ):
+        self.examples = list(examples)
+        self.features = features
+        self.captions = [
+            [np.asarray(vocab.encode(c, max_length), dtype=np.int64) for c in (e.label or ())]
+            for e in self.examples
+        ]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict:
+        feats, boxes = region_arrays(self.features[self.examples[i].img_id])
+        return {"id": self.examples[i].image_id, "feats": feats, "boxes": boxes, "captions": self.captions[i]}
+
+
+def collate_captions(items: list[dict], rng: np.random.Generator | None = None, pad_id: int = 0) -> dict:
+    """Regions padded to the batch's largest set; with references, one per image (drawn with `rng`, the
+    first without) as `input_ids` = caption[:-1] and `labels` = caption[1:], padded with `pad_id`."""
+    batch = pad_regions([it["feats"] for it in items], [it["boxes"] for it in items]).model_inputs()
+    batch["ids"] = [it["id"] for it in items]
+    if all(it["captions"] for it in items):
+        chosen = [
+            it["captions"][int(rng.integers(len(it["captions"]))) if rng is not None else 0] for it in items
+        ]
+        width = max(len(c) for c in chosen)
+        padded = np.full((len(chosen), width), pad_id, dtype=np.int64)
+        for row, caption in enumerate(chosen):
+            padded[row, : len(caption)] = caption
+        batch["input_ids"] = torch.from_numpy(padded[:, :-1])
+        batch["labels"] = torch.from_numpy(padded[:, 1:])
+    return batch

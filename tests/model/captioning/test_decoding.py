@@ -1,0 +1,127 @@
+"""Greedy, sampled and beam decoding: beam 1 is greedy, beams are batched, padded regions get no attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.captioning import (
+    CaptionConfig,
+    HardAttentionCaptioner,
+    SoftAttentionCaptioner,
+    UpDownCaptioner,
+    beam_search,
+    greedy,
+    sample,
+)
+
+from .conftest import FEATURE_DIM, WORDS, make_caption_set
+
+ARCHS = {"updown": UpDownCaptioner, "sat-soft": SoftAttentionCaptioner, "sat-hard": HardAttentionCaptioner}
+
+
+def build(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = CaptionConfig.preset("tiny", vocab_size=len(WORDS), visual_feat_dim=FEATURE_DIM, **overrides)
+    return ARCHS[arch](cfg).eval()
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_beam_one_equals_greedy(arch):
+    model = build(arch)
+    data = make_caption_set(6)
+    g = greedy(model, data.features, data.mask)
+    b = beam_search(model, data.features, data.mask, beam_size=1)
+    assert torch.equal(b.best, g.tokens)
+    torch.testing.assert_close(b.attentions[:, 0], g.attentions)
+    lengths = g.mask.sum(1)
+    torch.testing.assert_close(b.scores[:, 0], g.logprobs.sum(1))
+    assert torch.equal(b.lengths[:, 0], lengths)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_teacher_forcing_equals_stepping(arch):
+    """The unrolled training pass (inputs projected once) computes what `step` does word by word."""
+    model = build(arch)
+    data = make_caption_set(5)
+    with torch.no_grad():
+        out = model(**data.inputs(), output_attentions=True)
+        ctx = model.encode(data.features, data.mask)
+        state = model.init_state(ctx)
+        for t in range(data.captions.shape[1] - 1):
+            step = model.step(data.captions[:, t], state, ctx)
+            state = step.state
+            torch.testing.assert_close(out.logits[:, t], step.logits, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out.attentions[:, t], step.alpha, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_beam_rows_are_independent_and_ranked(arch):
+    """A batch decodes like its images one at a time; beams come back best first."""
+    model = build(arch)
+    data = make_caption_set(4)
+    together = beam_search(model, data.features, data.mask, beam_size=3, length_alpha=0.7)
+    for i in range(4):
+        alone = beam_search(
+            model, data.features[i : i + 1], data.mask[i : i + 1], beam_size=3, length_alpha=0.7
+        )
+        steps = alone.tokens.shape[-1]
+        assert torch.equal(alone.tokens[0], together.tokens[i, :, :steps])
+        torch.testing.assert_close(alone.scores[0], together.scores[i])
+    assert bool((together.scores[:, :-1] >= together.scores[:, 1:]).all())
+
+
+def test_beam_search_beats_greedy_probability():
+    """Beam K ≥ 1 never finds a less probable caption than greedy (no length penalty)."""
+    model = build("updown", seed=3)
+    data = make_caption_set(8, seed=1)
+    g = greedy(model, data.features, data.mask)
+    b = beam_search(model, data.features, data.mask, beam_size=4)
+    assert bool((b.scores[:, 0] >= g.logprobs.sum(1) - 1e-5).all())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_padded_regions_never_attended(arch):
+    """Padding has zero attention, and changing its features changes nothing."""
+    model = build(arch)
+    data = make_caption_set(6)
+    padded = ~data.mask
+    assert padded.any()
+    with torch.no_grad():
+        out = model(**data.inputs(), output_attentions=True)
+    assert (
+        float(out.attentions.masked_select(padded.unsqueeze(1).expand_as(out.attentions)).abs().max()) == 0.0
+    )
+    torch.testing.assert_close(out.attentions.sum(-1), torch.ones_like(out.attentions.sum(-1)))
+    noisy = data.features.clone()
+    noisy[padded] = torch.randn(int(padded.sum()), FEATURE_DIM) * 100
+    with torch.no_grad():
+        again = model(**{**data.inputs(), "visual_feats": noisy})
+    torch.testing.assert_close(again.logits, out.logits)
+    beams = beam_search(model, noisy, data.mask, beam_size=3)
+    assert torch.equal(beams.tokens, beam_search(model, data.features, data.mask, beam_size=3).tokens)
+    assert (
+        float(beams.attentions.masked_select(padded[:, None, None].expand_as(beams.attentions)).sum()) == 0.0
+    )
+
+
+def test_sample_keeps_gradient_and_stops_at_eos():
+    model = build("updown").train()
+    data = make_caption_set(5)
+    out = sample(model, data.features, data.mask, generator=torch.Generator().manual_seed(0))
+    assert out.logprobs.requires_grad
+    (-out.logprobs.sum()).backward()
+    assert model.output.weight.grad is not None
+    for tokens, alive in zip(out.tokens, out.mask, strict=True):
+        ends = (tokens == 2).nonzero()
+        if len(ends):
+            assert not alive[int(ends[0]) + 1 :].any()
+            assert bool((tokens[int(ends[0]) + 1 :] == 0).all())
+    assert out.tokens.shape[1] <= model.config.max_length
+
+
+def test_empty_region_row_is_refused():
+    model = build("updown")
+    data = make_caption_set(2)
+    with pytest.raises(ValueError, match="at least one real region"):
+        greedy(model, data.features, torch.zeros_like(data.mask))

@@ -1,0 +1,147 @@
+"""The caption task through the engine: cross-entropy learns, SCST switches on, resume is exact; commands."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from pipelines.cli import main
+from pipelines.data.captions import VOCAB_FILE, Vocabulary
+from pipelines.engine.checkpoints import STATE_FILE
+from pipelines.engine.run_log import read_metrics
+from pipelines.engine.trainer import TrainConfig
+from pipelines.scoring.cider import CiderD
+from pipelines.tasks.caption import CaptionTask, references
+from pipelines.tasks.finetune import FinetuneConfig, FinetuneRun
+from pipelines.tasks.finetuned import finetune
+
+from .caption_scenes import DIM, write_caption_corpus
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_caption_corpus(tmp_path_factory.mktemp("captions"))
+
+
+def caption_run(corpus, arch: str = "updown", steps: int = 40, **task) -> FinetuneRun:
+    store, split_file = corpus
+    return FinetuneRun(
+        task=FinetuneConfig(
+            task="caption",
+            arch=arch,
+            features=[str(store)],
+            train_files=[f"{split_file}:train"],
+            valid_files=[f"{split_file}:val"],
+            preset="tiny",
+            model={"visual_feat_dim": DIM},
+            vocab_min_count=1,
+            **task,
+        ),
+        train=TrainConfig(
+            lr=1e-2,
+            batch_size=20,
+            max_steps=steps,
+            warmup_ratio=0.0,
+            weight_decay=0.0,
+            clip_norm=1.0,
+            loader_workers=0,
+            log_every=1,
+            eval_every=steps,
+            seed=0,
+        ),  # fmt: skip
+    )
+
+
+def test_task_reads_karpathy_splits_and_builds_the_vocabulary(corpus):
+    task = CaptionTask(caption_run(corpus).task)
+    assert len(task.train_examples) == 60 and len(task.valid_examples) == 12  # restval counts as train
+    assert task.vocab.words[:4] == ["<pad>", "<bos>", "<eos>", "<unk>"]
+    assert {"left", "of", "red", "cube"} <= set(task.vocab.words)
+    assert task.model_config.vocab_size == len(task.vocab)
+    batch = task.collate(
+        [task.train_dataset()[i] for i in range(3)], __import__("numpy").random.default_rng(0)
+    )
+    assert batch["input_ids"][:, 0].eq(task.vocab.bos_id).all()
+    assert batch["visual_feats"].shape[0] == 3 and batch["visual_attention_mask"].dtype == torch.int64
+
+
+def test_cross_entropy_learns_the_captions(corpus, tmp_path):
+    summary = finetune(caption_run(corpus, steps=60), tmp_path / "run")
+    task = CaptionTask(caption_run(corpus).task)
+    constant = CiderD(references(task.valid_examples)).corpus_score(
+        {e.image_id: "a red cube left of a red cube" for e in task.valid_examples}
+    )[0]
+    assert summary["best"]["metric"] == "CIDEr"
+    assert summary["best"]["value"] > 100 * constant + 150, (summary["best"], constant)
+    assert (tmp_path / "run" / "best" / VOCAB_FILE).is_file()
+
+
+def test_self_critical_phase_logs_rewards(corpus, tmp_path):
+    """Epochs before `scst_from_epoch` train with cross-entropy, the later ones with SCST rewards."""
+    finetune(caption_run(corpus, steps=9, scst_from_epoch=2), tmp_path / "run")  # 3 steps per epoch
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert [("reward" in r) for r in rows] == [False] * 6 + [True] * 3
+    assert all(0 <= r["reward"] <= 10 for r in rows[6:])
+    # The README's two-run recipe: SCST from the start of a run initialised from the cross-entropy one.
+    run = caption_run(corpus, steps=3, scst_from_epoch=0, init=str(tmp_path / "run" / "last"))
+    finetune(run, tmp_path / "scst")
+    rows = [r for r in read_metrics(tmp_path / "scst" / "metrics.jsonl") if "loss" in r]
+    assert len(rows) == 3 and all("reward" in r and "greedy_reward" in r for r in rows)
+    assert (
+        Vocabulary.load(tmp_path / "scst" / "last" / VOCAB_FILE).words
+        == Vocabulary.load(tmp_path / "run" / "last" / VOCAB_FILE).words
+    )
+
+
+@pytest.mark.parametrize("arch", ["sat-hard", "updown"])
+def test_resume_is_exact(corpus, tmp_path, arch):
+    """A run resumed from its step-2 checkpoint ends with the uninterrupted run's weights, replaying a
+    cross-entropy step (hard attention's sampled regions and baseline) and the SCST steps (sampled
+    captions)."""
+    run = caption_run(corpus, arch=arch, steps=6, scst_from_epoch=1)
+    run.train.save_every = 2  # checkpoints at steps 2, 4, 6; epochs of 3 steps, SCST from step 4
+    finetune(run, tmp_path / "whole")
+    partial = tmp_path / "partial"
+    shutil.copytree(tmp_path / "whole", partial)
+    for name in ("last", "best", "checkpoints/step-4", "checkpoints/step-6"):
+        shutil.rmtree(partial / name, ignore_errors=True)
+    assert (partial / "checkpoints").is_dir()
+    finetune(run, partial, resume=True)
+    whole = torch.load(tmp_path / "whole" / "checkpoints" / "step-6" / STATE_FILE, weights_only=True)["model"]
+    again = torch.load(partial / "checkpoints" / "step-6" / STATE_FILE, weights_only=True)["model"]
+    assert list(whole) == list(again)
+    for key in whole:
+        assert torch.equal(whole[key], again[key]), key
+
+
+def test_finetune_and_evaluate_through_the_cli(corpus, tmp_path, capsys, monkeypatch):
+    # METEOR's Java start takes ~10 s here; tests/pipelines/scoring covers it, this test the command.
+    monkeypatch.setattr("pipelines.scoring.captions.java_available", lambda: False)
+    store, split_file = corpus
+    out = tmp_path / "run"
+    argv = ["finetune", "caption", "--arch", "sat-soft", "--features", str(store),
+            "--train", f"{split_file}:train", "--valid", f"{split_file}:val", "--out", str(out),
+            "task.preset=tiny", "--max-steps", "3", "--batch-size", "20", f"task.model.visual_feat_dim={DIM}",
+            "task.vocab_min_count=1", "train.loader_workers=0"]  # fmt: skip
+    assert main(argv) == 0
+    results = tmp_path / "captions_val.json"
+    assert main(["evaluate", "caption", "--checkpoint", str(out / "last"), "--features", str(store),
+                 "--split", f"{split_file}:val", "--out", str(results)]) == 0  # fmt: skip
+    rows = json.loads(results.read_text())
+    assert (
+        len(rows) == 12 and set(rows[0]) == {"image_id", "caption"} and isinstance(rows[0]["image_id"], int)
+    )
+    printed = capsys.readouterr().out
+    assert "CIDEr" in printed and "Bleu_4" in printed
+    vocab = Vocabulary.load(out / "last" / VOCAB_FILE)
+    assert all(w in vocab.index for row in rows for w in row["caption"].split())
+
+
+def test_arch_must_be_a_captioner(corpus):
+    with pytest.raises(ValueError, match="not a captioner"):
+        CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "arch": "lxmert"}))
