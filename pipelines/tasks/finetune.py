@@ -235,9 +235,11 @@ class FinetuneTask:
             overrides = data_overrides(config_class, self.tokenizer)
             return config_class.preset(preset, **{**overrides, **cfg.model})
         if cfg.preset is not None:
-            raise ValueError(
-                f"task.preset={cfg.preset} sizes a model built from scratch; with --init the model is the "
-                f"one in {cfg.init} (change its fields with task.model.NAME=VALUE)"
+            log.warning(
+                "task.preset=%s is ignored: it sizes a model built from scratch, and with --init the model "
+                "is the one in %s (change its fields with task.model.NAME=VALUE)",
+                cfg.preset,
+                cfg.init,
             )
         return config_class.from_dict({**_saved_model_config(Path(cfg.init)), **cfg.model})
 

@@ -12,8 +12,9 @@ def data_overrides(config_class: type, tokenizer, **values: Any) -> dict[str, An
     fields = {f.name for f in dataclasses.fields(config_class)}
     candidates = {
         "vocab_size": len(tokenizer),
-        "mask_token_id": tokenizer.mask_token_id,
-        "sep_token_id": tokenizer.sep_token_id,
+        # a caption word vocabulary has neither
+        "mask_token_id": getattr(tokenizer, "mask_token_id", None),
+        "sep_token_id": getattr(tokenizer, "sep_token_id", None),
         **values,
     }
     return {k: v for k, v in candidates.items() if k in fields and v is not None}

@@ -241,7 +241,7 @@ def test_vqa_learns_through_the_cli(problem, tmp_path):
     assert saved["task"]["preset"] is None  # the tiny model came from --init: no "base" claimed for it
 
 
-def test_a_preset_with_init_is_refused(problem):
+def test_a_preset_with_init_is_ignored_with_a_warning(problem, caplog):
     cfg = FinetuneConfig(
         task="gqa",
         features=[str(problem["features"])],
@@ -249,8 +249,9 @@ def test_a_preset_with_init_is_refused(problem):
         init=str(problem["init"]),
         preset="base",
     )
-    with pytest.raises(ValueError, match="task.preset=base sizes a model built from scratch"):
-        build_task(cfg)
+    task = build_task(cfg)
+    assert "task.preset=base is ignored" in caplog.text
+    assert task.model_config.hidden_size == LxmertConfig.preset("tiny").hidden_size  # the init's, not base
 
 
 @pytest.mark.slow
