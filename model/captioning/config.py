@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..presets import PresetConfig
+
 
 @dataclass
-class CaptionConfig:
+class CaptionConfig(PresetConfig):
     """Hyper-parameters shared by the Up-Down and Show-Attend-Tell captioners (SPEC §5)."""
 
     # Named configurations for `preset`: field overrides of the defaults below.
+    FAMILY: ClassVar[str] = "captioning"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Anderson et al. 2018: hidden 1000, attention 512, word embedding 1000 over 2048-d regions.
         "updown": {},
@@ -59,22 +61,3 @@ class CaptionConfig:
                 f"pad/bos/eos ids {self.pad_token_id}/{self.bos_token_id}/{self.eos_token_id} must be "
                 f"distinct ids below vocab_size {self.vocab_size}"
             )
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> CaptionConfig:
-        """A named configuration ("updown", "sat" or "tiny") with any field overridden."""
-        if name not in cls.PRESETS:
-            raise ValueError(f"unknown captioning preset {name!r}; choose one of {sorted(cls.PRESETS)}")
-        return cls.from_dict({**cls.PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> CaptionConfig:
-        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown CaptionConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

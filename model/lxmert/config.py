@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..presets import PresetConfig
+
 
 @dataclass
-class LxmertConfig:
+class LxmertConfig(PresetConfig):
     """Hyper-parameters of LXMERT; defaults are the released base model (SPEC §2)."""
 
     # Named configurations for `preset`: field overrides of the defaults below.
+    FAMILY: ClassVar[str] = "LXMERT"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # The released model: BERT-base sizes, 9 language / 5 object / 5 cross layers, 9500 answers.
         "base": {},
@@ -56,22 +58,3 @@ class LxmertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> LxmertConfig:
-        """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in cls.PRESETS:
-            raise ValueError(f"unknown LXMERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
-        return cls.from_dict({**cls.PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> LxmertConfig:
-        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown LxmertConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

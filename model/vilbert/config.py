@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from ..presets import PresetConfig
 
 FUSION_METHODS = ("mul", "sum")
 
 
 @dataclass
-class VilbertConfig:
+class VilbertConfig(PresetConfig):
     """Hyper-parameters of ViLBERT; defaults are the released `bert_base_6layer_6conect` (SPEC §5).
 
     Co-attention layer k runs after text layers [0, t_biattention_id[k]) and visual layers
@@ -18,6 +19,7 @@ class VilbertConfig:
     """
 
     # Named configurations for `preset`: field overrides of the defaults below.
+    FAMILY: ClassVar[str] = "ViLBERT"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # vilbert-multi-task's bert_base_6layer_6conect: BERT-base text stream, 6 visual layers of 1024,
         # co-attention after text layers 5..10 (t_biattention_id 6..11) and before visual layers 0..5.
@@ -101,22 +103,3 @@ class VilbertConfig:
     @property
     def num_co_layers(self) -> int:
         return len(self.v_biattention_id)
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> VilbertConfig:
-        """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in cls.PRESETS:
-            raise ValueError(f"unknown ViLBERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
-        return cls.from_dict({**cls.PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> VilbertConfig:
-        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown VilbertConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..presets import PresetConfig
+
 
 @dataclass
-class VisualBertConfig:
+class VisualBertConfig(PresetConfig):
     """Hyper-parameters of VisualBERT; field names and defaults follow transformers' `VisualBertConfig`,
     except `visual_feat_dim` (its `visual_embedding_dim`), the store's 2048-d region features."""
 
     # Named configurations for `preset`: field overrides of the defaults below.
+    FAMILY: ClassVar[str] = "VisualBERT"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # BERT-base with 2048-d region features (uclanlp/visualbert-vqa-coco-pre's sizes).
         "base": {},
@@ -46,22 +48,3 @@ class VisualBertConfig:
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                 f"{self.num_attention_heads}; pick sizes that divide"
             )
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> VisualBertConfig:
-        """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in cls.PRESETS:
-            raise ValueError(f"unknown VisualBERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
-        return cls.from_dict({**cls.PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> VisualBertConfig:
-        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown VisualBertConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..presets import PresetConfig
+
 
 @dataclass
-class VlBertConfig:
+class VlBertConfig(PresetConfig):
     """Hyper-parameters of VL-BERT; defaults are the released base model (SPEC §5)."""
 
     # Named configurations for `preset`: field overrides of the defaults below.
+    FAMILY: ClassVar[str] = "VL-BERT"
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # VL-BERT-base on 2048-d region features (SPEC §5).
         "base": {},
@@ -59,22 +61,3 @@ class VlBertConfig:
             raise ValueError(
                 f"type_vocab_size {self.type_vocab_size}: VL-BERT needs 3 (text, answer, visual)"
             )
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> VlBertConfig:
-        """A named configuration ("base" or "tiny") with any field overridden."""
-        if name not in cls.PRESETS:
-            raise ValueError(f"unknown VL-BERT preset {name!r}; choose one of {sorted(cls.PRESETS)}")
-        return cls.from_dict({**cls.PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> VlBertConfig:
-        """Build from a dict, rejecting unknown keys by name (a typo must not pass silently)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown VlBertConfig field(s) {unknown}; known fields: {sorted(known)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
