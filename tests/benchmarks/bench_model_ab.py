@@ -1,7 +1,7 @@
 """The LXMERT pre-training step of `model/` at an earlier commit (A) against the working tree's (B), both
 in one process with the same weights and batch, alternating step by step so that load hits both alike.
 
-    .venv/bin/python tests/benchmarks/bench_model_ab.py --ref 7a4515c [--steps 5] [--batch 8] [--swap]
+    .venv/bin/python tests/benchmarks/bench_model_ab.py [--ref 7a4515c] [--steps 5] [--batch 8] [--swap]
 
 Prints a table and a JSON line; `ratio` = A s/step ÷ B s/step (> 1: the working tree is faster).
 `--swap` builds B before A (the build order alone can move the figures on a shared machine).
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+RESTRUCTURE_BASE = "7a4515c"  # main before the issue-13 restructure
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -34,9 +35,10 @@ from model import LxmertConfig, LxmertForPreTraining  # noqa: E402
 
 def earlier_model(ref: str, into: Path):
     """`model/` at `ref`, importable as the package `model_at_ref` (it uses relative imports only)."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref, "model"], check=True, capture_output=True
-    )
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "model"], capture_output=True)
+    if archive.returncode:
+        reason = archive.stderr.decode().strip()
+        sys.exit(f"git archive {ref} model failed ({reason}): give --ref a commit this clone has")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     (into / "model").rename(into / "model_at_ref")
@@ -46,7 +48,11 @@ def earlier_model(ref: str, into: Path):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ref", required=True, help="the earlier commit (A)")
+    ap.add_argument(
+        "--ref",
+        default=RESTRUCTURE_BASE,
+        help=f"the earlier commit (A; default {RESTRUCTURE_BASE}, before issue 13)",
+    )
     ap.add_argument("--steps", type=int, default=5, help="timed steps each (default 5)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
