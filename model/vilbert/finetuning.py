@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.layers.dropout import Dropout
+from model.layers.heads import soft_score_loss
 from model.layers.init import init_weights
 from model.outputs import ClassificationOutput
 from model.pretrained import PretrainedMixin
@@ -116,7 +117,7 @@ class VilbertForQuestionAnswering(_Head):
         logits = self.vil_prediction(self.dropout(out.pooled_output))
         loss = None
         if labels is not None:
-            loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype)) * logits.shape[-1]
+            loss = soft_score_loss(logits, labels)
         return ClassificationOutput(logits, loss, out.co_attentions, cls_region_attention(out))
 
 

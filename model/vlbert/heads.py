@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.bert import PredictionTransform
+from ..layers.heads import check_image_pairs, each_sentence_twice, image_rows, soft_score_loss
 from ..layers.init import init_weights
 from ..outputs import ClassificationOutput
 from ..pretrained import PretrainedMixin
@@ -88,7 +89,7 @@ class VlBertForQuestionAnswering(PretrainedMixin, nn.Module):
         logits = self.final_mlp(out.text_output[rows, answer_at])
         loss = None
         if labels is not None:
-            loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype)) * logits.shape[-1]
+            loss = soft_score_loss(logits, labels)
         region_attention = None
         if output_attentions:
             start = out.text_length + 1
@@ -128,24 +129,14 @@ class VlBertForNLVR2(PretrainedMixin, nn.Module):
         labels: torch.Tensor | None = None,
     ) -> ClassificationOutput:
         """Text (B, L); visual_feats (B, 2, N, D), visual_pos (B, 2, N, 4), visual mask (B, 2, N)."""
-        if visual_feats is None or visual_feats.dim() != 4 or visual_feats.shape[1] != 2:
-            shape = None if visual_feats is None else tuple(visual_feats.shape)
-            raise ValueError(f"NLVR2 expects visual_feats of shape (B, 2, N, D), got {shape}")
-
-        def twice(x: torch.Tensor | None) -> torch.Tensor | None:
-            # Row 2i pairs sentence i with img0, row 2i+1 with img1.
-            return None if x is None else x.repeat_interleave(2, dim=0)
-
-        def pairs(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.flatten(0, 1)
-
+        check_image_pairs(visual_feats)
         out = self.vlbert(
-            twice(input_ids),
-            twice(attention_mask),
-            twice(token_type_ids),
-            pairs(visual_feats),
-            pairs(visual_pos),
-            pairs(visual_attention_mask),
+            each_sentence_twice(input_ids),
+            each_sentence_twice(attention_mask),
+            each_sentence_twice(token_type_ids),
+            image_rows(visual_feats),
+            image_rows(visual_pos),
+            image_rows(visual_attention_mask),
             output_attentions,
         )
         b = input_ids.shape[0]
