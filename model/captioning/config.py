@@ -43,6 +43,7 @@ class CaptionConfig(PresetConfig):
     pad_token_id: int = 0
     bos_token_id: int = 1
     eos_token_id: int = 2
+    unk_token_id: int | None = 3  # kept out of decoded captions unless asked (None: the vocabulary has none)
     # Show, Attend and Tell only: soft attention's regulariser λ, hard attention's REINFORCE terms.
     doubly_stochastic_weight: float = 1.0
     reinforce_weight: float = 1.0
@@ -60,4 +61,11 @@ class CaptionConfig(PresetConfig):
             raise ValueError(
                 f"pad/bos/eos ids {self.pad_token_id}/{self.bos_token_id}/{self.eos_token_id} must be "
                 f"distinct ids below vocab_size {self.vocab_size}"
+            )
+        if self.unk_token_id is not None and (
+            self.unk_token_id in specials or not 0 <= self.unk_token_id < self.vocab_size
+        ):
+            raise ValueError(
+                f"unk id {self.unk_token_id} must be an id below vocab_size {self.vocab_size} other than "
+                "pad/bos/eos (or None)"
             )

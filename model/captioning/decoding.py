@@ -33,6 +33,15 @@ class Beams:
         return self.tokens[:, 0]
 
 
+def never_emitted(cfg, suppress_unk: bool) -> list[int]:
+    """Ids a live caption may not continue with: `<pad>` and `<bos>` (they are not words), and `<unk>`
+    when `suppress_unk` (a caption of unknown words says nothing; self-critical.pytorch's suppress_UNK)."""
+    ids = [cfg.pad_token_id, cfg.bos_token_id]
+    if suppress_unk and cfg.unk_token_id is not None:
+        ids.append(cfg.unk_token_id)
+    return ids
+
+
 def _rollout(
     model: Captioner,
     features: torch.Tensor,
@@ -41,8 +50,10 @@ def _rollout(
     sample: bool,
     temperature: float,
     generator: torch.Generator | None,
+    suppress_unk: bool,
 ) -> Decoded:
     cfg = model.config
+    banned = never_emitted(cfg, suppress_unk)
     max_length = max_length or cfg.max_length
     ctx = model.encode(features, mask)
     state = model.init_state(ctx)
@@ -53,9 +64,10 @@ def _rollout(
     for _ in range(max_length):
         out = model.step(tokens, state, ctx)
         state = out.state
-        logp = torch.log_softmax(out.logits, dim=-1)
+        logits = out.logits.index_fill(1, torch.tensor(banned, device=features.device), float("-inf"))
+        logp = torch.log_softmax(logits, dim=-1)
         if sample:
-            probs = torch.softmax(out.logits.detach() / temperature, dim=-1)
+            probs = torch.softmax(logits.detach() / temperature, dim=-1)
             tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         else:
             tokens = logp.argmax(-1)
@@ -74,10 +86,23 @@ def _rollout(
 
 @torch.no_grad()
 def greedy(
-    model: Captioner, features: torch.Tensor, mask: torch.Tensor | None = None, max_length: int | None = None
+    model: Captioner,
+    features: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    max_length: int | None = None,
+    suppress_unk: bool = True,
 ) -> Decoded:
     """The most probable word at every step."""
-    return _rollout(model, features, mask, max_length, sample=False, temperature=1.0, generator=None)
+    return _rollout(
+        model,
+        features,
+        mask,
+        max_length,
+        sample=False,
+        temperature=1.0,
+        generator=None,
+        suppress_unk=suppress_unk,
+    )
 
 
 def sample(
@@ -87,10 +112,18 @@ def sample(
     max_length: int | None = None,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    suppress_unk: bool = False,
 ) -> Decoded:
     """Words drawn from the model; `logprobs` keep their graph for the policy gradient."""
     return _rollout(
-        model, features, mask, max_length, sample=True, temperature=temperature, generator=generator
+        model,
+        features,
+        mask,
+        max_length,
+        sample=True,
+        temperature=temperature,
+        generator=generator,
+        suppress_unk=suppress_unk,
     )
 
 
@@ -107,9 +140,11 @@ def beam_search(
     beam_size: int = 3,
     max_length: int | None = None,
     length_alpha: float = 0.0,
+    suppress_unk: bool = True,
 ) -> Beams:
     """Beam search over B·K rows at once; finished beams stay in the beam with their score frozen."""
     cfg = model.config
+    banned = torch.tensor(never_emitted(cfg, suppress_unk), device=features.device)
     max_length = max_length or cfg.max_length
     batch, k, device = features.shape[0], beam_size, features.device
     ctx = model.encode(features, mask)
@@ -127,7 +162,7 @@ def beam_search(
     offsets = (torch.arange(batch, device=device) * k).unsqueeze(1)
     for _ in range(max_length):
         out = model.step(tokens, state, ctx)
-        logp = torch.log_softmax(out.logits.float(), dim=-1)
+        logp = torch.log_softmax(out.logits.float().index_fill(1, banned, float("-inf")), dim=-1)
         vocab = logp.shape[-1]
         # A finished beam extends only by `<pad>` at no cost, so it keeps its place and score.
         frozen = torch.full_like(logp, float("-inf"))

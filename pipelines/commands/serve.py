@@ -1,4 +1,5 @@
-"""`xmodal serve --checkpoint DIR`: the page and JSON API that answer questions about uploaded images."""
+"""`xmodal serve --checkpoint DIR [--caption-checkpoint DIR]`: the page and JSON API that answer questions
+about uploaded images and describe them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.apps.serve.config import ServeConfig
 
     d = ServeConfig()
-    parser.add_argument("--checkpoint", required=True, help="fine-tuned VQA/GQA directory (runs/vqa/best)")
+    parser.add_argument(
+        "--checkpoint", help="fine-tuned VQA/GQA directory (runs/vqa/best), or a captioning one"
+    )
+    parser.add_argument(
+        "--caption-checkpoint",
+        metavar="DIR",
+        help="fine-tuned captioning directory (runs/caption/best) for /api/caption beside --checkpoint",
+    )
     parser.add_argument(
         "--detector",
         metavar="WEIGHTS",
@@ -64,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest upload (default: {d.max_upload_mb:g})",
     )
     parser.add_argument("--top-k", type=int, default=d.top_k, help=f"answers returned (default: {d.top_k})")
+    parser.add_argument(
+        "--beam-size", type=int, default=d.beam_size, help=f"caption beam width (default: {d.beam_size})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,12 +94,14 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             max_upload_mb=args.max_upload_mb,
             top_k=args.top_k,
+            beam_size=args.beam_size,
         )
         backend = models.load_backend(
             args.checkpoint,
             args.detector,
             args.device,
             args.vocab,
+            args.caption_checkpoint,
             min_size=args.min_size,
             max_size=args.max_size,
         )

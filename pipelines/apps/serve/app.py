@@ -26,6 +26,7 @@ from storage import RegionFeatures
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
+MAX_BEAM_SIZE = 20
 
 
 def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
@@ -54,7 +55,6 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
         return {
             "status": "ok",
             **backend.describe(),
-            "caption": False,
             "queue": {"pending": service.pending, "max_pending": config.max_pending},
             "batching": {
                 "max_batch": config.max_batch,
@@ -80,6 +80,12 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
     async def ask(
         image: UploadFile = File(...), question: str = Form(...), top_k: int | None = Form(None)
     ) -> dict:
+        if backend.answerer is None:
+            raise ServiceError(
+                501,
+                "this server holds no question-answering model, only a captioner: use /api/caption, or "
+                "start `xmodal serve` with --checkpoint a VQA/GQA model",
+            )
         question = _check_question(question, config)
         top_k = config.top_k if top_k is None else top_k
         if not 1 <= top_k <= 100:
@@ -105,12 +111,34 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             }
 
     @app.post("/api/caption")
-    async def caption() -> dict:
-        raise ServiceError(
-            501,
-            "captioning is not available on this server: this xmodal has no captioning model to load; "
-            "use /api/ask",
-        )
+    async def caption(image: UploadFile = File(...), beam_size: int | None = Form(None)) -> dict:
+        if backend.captioner is None:
+            raise ServiceError(
+                501,
+                "this server holds no captioner: start `xmodal serve` with --caption-checkpoint a "
+                "captioning model (runs/caption/best), or use /api/ask",
+            )
+        beam_size = config.beam_size if beam_size is None else beam_size
+        if not 1 <= beam_size <= MAX_BEAM_SIZE:
+            raise ServiceError(400, f"beam_size must be between 1 and {MAX_BEAM_SIZE}, got {beam_size}")
+        with service.admitted():
+            started = time.perf_counter()
+            bgr, name = await _decode(image)
+            found, captioned = await service.run(service.caption(bgr, name, beam_size))
+            words = []
+            for word, weights in zip(captioned.words, captioned.attentions, strict=True):
+                order = np.argsort(-weights, kind="stable")[: config.attended]
+                words.append(
+                    {"word": word, "attention": weights.tolist(), "attended": [int(i) for i in order]}
+                )
+            return {
+                "caption": captioned.caption,
+                "words": words,
+                "beam_size": beam_size,
+                "image": _image_json(found, name),
+                "regions": [_region_json(found, i, backend) for i in range(found.num_boxes)],
+                "seconds": time.perf_counter() - started,
+            }
 
     return app
 

@@ -1,19 +1,40 @@
-"""The models the server holds, through the ask app's functions: the detector and a VQA/GQA model."""
+"""The models the server holds, through the ask and caption apps' functions: the detector, a VQA/GQA model
+and a captioner (either model may be absent, not both)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipelines.apps.ask import ask, build_detector
+from pipelines.apps.ask import ask, build_detector, detector_settings
+from pipelines.apps.caption import caption_regions
+from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
 
 if TYPE_CHECKING:
     from extraction import Detector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Held:
+    """A fine-tuned model the server holds and the directory it was loaded from."""
+
+    tuned: Finetuned
+    checkpoint: str
+
+    def describe(self) -> dict:
+        return {
+            "checkpoint": self.checkpoint,
+            "task": self.tuned.task,
+            "arch": self.tuned.settings.get("arch"),
+        }
 
 
 @dataclass
@@ -24,20 +45,32 @@ class Answered:
     attention: np.ndarray
 
 
+@dataclass
+class Captioned:
+    """The best beam's caption, its words and each word's attention over the regions (W, N)."""
+
+    caption: str
+    words: list[str]
+    attentions: np.ndarray
+
+
 class Backend:
-    """One detector and one fine-tuned model; `detect` takes a batch, `answer` one question."""
+    """One detector, and a question-answering model (`answerer`), a captioner, or both; `detect` takes a
+    batch of images, `answer` and `caption` one image each."""
 
     def __init__(
         self,
-        tuned: Finetuned,
         detector: Detector,
-        checkpoint: str,
+        answerer: Held | None = None,
+        captioner: Held | None = None,
         object_names: list[str] | None = None,
         attr_names: list[str] | None = None,
     ):
-        self.tuned = tuned
+        if answerer is None and captioner is None:
+            raise ValueError("the server needs a VQA/GQA model, a captioner or both")
         self.detector = detector
-        self.checkpoint = checkpoint
+        self.answerer = answerer
+        self.captioner = captioner
         self.object_names = object_names
         self.attr_names = attr_names
 
@@ -47,18 +80,28 @@ class Backend:
 
     def answer(self, regions: RegionFeatures, question: str, top_k: int) -> Answered:
         """The model's answers to `question` about the image whose detector output is `regions`."""
-        result = ask(self.tuned, regions, question, top_k)
+        if self.answerer is None:
+            raise LookupError("this server holds no question-answering model")
+        result = ask(self.answerer.tuned, regions, question, top_k)
         return Answered(result.answers, np.asarray(result.attention, dtype=np.float32))
+
+    def caption(self, regions: RegionFeatures, beam_size: int) -> Captioned:
+        """The captioner's description of the image whose detector output is `regions`."""
+        if self.captioner is None:
+            raise LookupError("this server holds no captioner")
+        result = caption_regions(self.captioner.tuned, regions, beam_size)
+        return Captioned(result.caption, result.words, np.asarray(result.attentions, dtype=np.float32))
 
     def describe(self) -> dict:
         """What is loaded, for `GET /api/health`."""
         provenance = self.detector.provenance()
+        model = None
+        if self.answerer is not None:
+            answers = self.answerer.tuned.answers
+            model = {**self.answerer.describe(), "answers": len(answers) if answers is not None else 0}
         return {
-            "model": {
-                "checkpoint": self.checkpoint,
-                "task": self.tuned.task,
-                "answers": len(self.tuned.answers) if self.tuned.answers is not None else 0,
-            },
+            "model": model,
+            "caption": self.captioner.describe() if self.captioner is not None else None,
             "detector": {
                 "preset": provenance["preset"],
                 "weights": provenance["weights"],
@@ -71,29 +114,63 @@ class Backend:
 
 
 def load_backend(
-    checkpoint: str | Path,
+    checkpoint: str | Path | None,
     detector_weights: str | None = None,
     device: str = "cpu",
     vocab: str | Path | None = None,
+    caption_checkpoint: str | Path | None = None,
     **detector_overrides,
 ) -> Backend:
-    """Load the fine-tuned `checkpoint`, the detector its features were made with (or `detector_weights`)
-    and, from the `vocab` folder, the VG object and attribute names; refuse what cannot answer questions."""
-    tuned = load_finetuned(checkpoint, device)
-    if tuned.answers is None:
-        raise ValueError(
-            f"{checkpoint} is a {tuned.task} model; `xmodal serve` needs a VQA or GQA checkpoint "
-            "(NLVR2 models judge statements about image pairs)"
-        )
-    detector = build_detector(tuned, detector_weights, device, **detector_overrides)
-    if detector.feature_dim != tuned.model.config.visual_feat_dim:
-        raise ValueError(
-            f"the detector gives {detector.feature_dim}-d features but {checkpoint} expects "
-            f"{tuned.model.config.visual_feat_dim}-d"
-        )
+    """Load the fine-tuned `checkpoint` (VQA/GQA, or a captioner) and `caption_checkpoint`, the detector
+    their features were made with (or `detector_weights`) and, from the `vocab` folder, the VG object and
+    attribute names; refuse what can neither answer questions nor describe images."""
+    answerer = captioner = None
+    for path, captioner_only in ((checkpoint, False), (caption_checkpoint, True)):
+        if path is None:
+            continue
+        tuned = load_finetuned(path, device)
+        held = Held(tuned, str(path))
+        if issubclass(tuned.kind, CaptionTask):
+            if captioner is not None:
+                raise ValueError(f"{checkpoint} and {caption_checkpoint} are both captioners; give one")
+            captioner = held
+        elif captioner_only:
+            raise ValueError(f"--caption-checkpoint {path} is a {tuned.task} model, not a captioner")
+        elif tuned.answers is None:
+            raise ValueError(
+                f"{path} is a {tuned.task} model; `xmodal serve` needs a VQA or GQA checkpoint "
+                "(NLVR2 models judge statements about image pairs) or a captioner"
+            )
+        else:
+            answerer = held
+    if answerer is None and captioner is None:
+        raise ValueError("give --checkpoint (a VQA/GQA model or a captioner) or --caption-checkpoint")
+    # the detector is the one the first model's features were made with; the other model is told if it
+    # was trained on features made otherwise (its inputs then differ from its training)
+    first, second = (answerer, captioner) if answerer is not None else (captioner, None)
+    detector = build_detector(first.tuned, detector_weights, device, **detector_overrides)
+    if second is not None:
+        mine = detector_settings(first.tuned, detector_weights, **detector_overrides)
+        theirs = detector_settings(second.tuned, detector_weights, **detector_overrides)
+        if mine != theirs:
+            changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+            log.warning(
+                "%s was trained on features from other detector settings (%s) than %s: it sees the "
+                "regions of %s's detector",
+                second.checkpoint,
+                ", ".join(changed),
+                first.checkpoint,
+                first.checkpoint,
+            )
+    for held in (answerer, captioner):
+        if held is not None and detector.feature_dim != held.tuned.model.config.visual_feat_dim:
+            raise ValueError(
+                f"the detector gives {detector.feature_dim}-d features but {held.checkpoint} expects "
+                f"{held.tuned.model.config.visual_feat_dim}-d"
+            )
     names = (None, None)
     if vocab is not None:
         from extraction.draw import load_vg_vocab
 
         names = load_vg_vocab(vocab)
-    return Backend(tuned, detector, str(checkpoint), *names)
+    return Backend(detector, answerer, captioner, *names)

@@ -17,11 +17,12 @@ class ServeConfig:
     timeout_s: float = 60.0  # a request waiting longer gets a 504
     max_upload_mb: float = 20.0  # request bodies above this are refused with 413
     top_k: int = 5  # answers returned when the request does not say
+    beam_size: int = 3  # caption beam width when the request does not say
     attended: int = 5  # regions listed as the answer's most attended
     max_question_chars: int = 500
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_pending", "top_k", "attended", "max_question_chars"):
+        for name in ("max_batch", "max_pending", "top_k", "beam_size", "attended", "max_question_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("timeout_s", "max_upload_mb"):

@@ -7,7 +7,7 @@ import contextlib
 
 import numpy as np
 
-from pipelines.apps.serve.backend import Answered, Backend
+from pipelines.apps.serve.backend import Answered, Backend, Captioned
 from pipelines.apps.serve.batching import Batcher
 from pipelines.apps.serve.config import ServeConfig
 from storage import RegionFeatures
@@ -31,13 +31,16 @@ class Service:
         self.config = config
         self.pending = 0
         self.detector = Batcher(self._detect, config.max_batch, config.max_wait_ms / 1000, "xmodal-detector")
-        self.model = Batcher(self._answer, 1, 0.0, "xmodal-model")
+        # questions and captions take turns on one thread: two models computing at once would only
+        # share the same cores
+        self.model = Batcher(self._call, 1, 0.0, "xmodal-model")
 
     def _detect(self, items: list[tuple[np.ndarray, str]]) -> list[RegionFeatures]:
         return self.backend.detect([image for image, _ in items], [name for _, name in items])
 
-    def _answer(self, items: list[tuple[RegionFeatures, str, int]]) -> list[Answered]:
-        return [self.backend.answer(regions, question, top_k) for regions, question, top_k in items]
+    @staticmethod
+    def _call(items: list) -> list:
+        return [fn(*args) for fn, *args in items]
 
     @contextlib.contextmanager
     def admitted(self):
@@ -65,16 +68,26 @@ class Service:
                 f"timed out after {self.config.timeout_s:g} s waiting for the models "
                 f"({self.pending} requests in flight); retry later or raise --timeout",
             ) from None
-        except ValueError as exc:  # the ask app's refusals: no region found, feature width
+        except ValueError as exc:  # the ask and caption apps' refusals: no region found, feature width
             raise ServiceError(422, str(exc)) from None
 
     async def regions(self, image: np.ndarray, name: str) -> RegionFeatures:
         return await asyncio.wrap_future(self.detector.submit((image, name)))
 
-    async def ask(self, image: np.ndarray, name: str, question: str, top_k: int):
+    async def ask(
+        self, image: np.ndarray, name: str, question: str, top_k: int
+    ) -> tuple[RegionFeatures, Answered]:
         regions = await self.regions(image, name)
-        answered = await asyncio.wrap_future(self.model.submit((regions, question, top_k)))
+        answered = await asyncio.wrap_future(
+            self.model.submit((self.backend.answer, regions, question, top_k))
+        )
         return regions, answered
+
+    async def caption(self, image: np.ndarray, name: str, beam_size: int) -> tuple[RegionFeatures, Captioned]:
+        regions = await self.regions(image, name)
+        work = (self.backend.caption, regions, beam_size)
+        captioned = await asyncio.wrap_future(self.model.submit(work))
+        return regions, captioned
 
     def close(self) -> None:
         self.detector.close()

@@ -125,3 +125,30 @@ def test_empty_region_row_is_refused():
     data = make_caption_set(2)
     with pytest.raises(ValueError, match="at least one real region"):
         greedy(model, data.features, torch.zeros_like(data.mask))
+
+
+@pytest.mark.parametrize("decode", ["greedy", "beam", "sample"])
+def test_live_captions_never_continue_with_pad_bos_or_unless_allowed_unk(decode):
+    """A model that prefers `<pad>`, `<bos>` and `<unk>` above every word still writes words: the first two
+    are not words, the third is kept out unless `suppress_unk=False` (where it then wins)."""
+    model = build("updown")
+    with torch.no_grad():
+        model.output.bias[:4] += torch.tensor([30.0, 30.0, -30.0, 20.0])  # pad, bos, eos, unk
+    data = make_caption_set(4)
+
+    def tokens(suppress_unk: bool) -> torch.Tensor:
+        if decode == "greedy":
+            out = greedy(model, data.features, data.mask, suppress_unk=suppress_unk)
+            return out.tokens[out.mask]
+        if decode == "sample":
+            generator = torch.Generator().manual_seed(0)
+            out = sample(model, data.features, data.mask, generator=generator, suppress_unk=suppress_unk)
+            return out.tokens[out.mask]
+        beams = beam_search(model, data.features, data.mask, beam_size=3, suppress_unk=suppress_unk)
+        steps = torch.arange(beams.tokens.shape[-1])
+        return beams.tokens[steps < beams.lengths.unsqueeze(-1)]
+
+    suppressed, allowed = tokens(True), tokens(False)
+    assert not set(suppressed.tolist()) & {0, 1, 3} and suppressed.numel() > 0
+    assert not set(allowed.tolist()) & {0, 1}
+    assert (allowed == 3).float().mean() > 0.9  # with `<unk>` allowed the biased model writes little else

@@ -11,8 +11,9 @@ from pipelines.cli import main
 def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
     loaded, served = {}, {}
 
-    def load_backend(checkpoint, detector, device, vocab, **overrides):
+    def load_backend(checkpoint, detector, device, vocab, caption_checkpoint, **overrides):
         loaded.update(checkpoint=checkpoint, detector=detector, device=device, vocab=vocab, **overrides)
+        loaded.update(caption_checkpoint=caption_checkpoint)
         return object()
 
     def run(app, host, port, log_level):
@@ -28,6 +29,8 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         "det.pkl",
         "--vocab",
         "vg",
+        "--caption-checkpoint",
+        "runs/caption/best",
         "--port",
         "8123",
     ]
@@ -42,6 +45,8 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         "7",
         "--timeout",
         "9",
+        "--beam-size",
+        "5",
     ]
     assert main(argv) == 0
     assert loaded == {
@@ -49,24 +54,29 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         "detector": "det.pkl",
         "device": "cpu",
         "vocab": "vg",
+        "caption_checkpoint": "runs/caption/best",
         "min_size": 300,
         "max_size": None,
     }
     assert (served["host"], served["port"]) == ("127.0.0.1", 8123)  # loopback unless asked otherwise
     config = served["app"].state.service.config
     assert (config.max_batch, config.max_wait_ms, config.max_pending, config.timeout_s) == (4, 2.0, 7, 9.0)
+    assert config.beam_size == 5
     served["app"].state.service.close()
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("options", "message"),
     [
-        ([], "is not a fine-tuned directory"),
-        (["--max-batch", "0"], "max_batch must be >= 1, got 0"),
-        (["--timeout", "0"], "timeout_s must be > 0, got 0.0"),
+        (["--checkpoint", "{dir}"], "is not a fine-tuned directory"),
+        (["--caption-checkpoint", "{dir}"], "is not a fine-tuned directory"),
+        ([], "give --checkpoint (a VQA/GQA model or a captioner) or --caption-checkpoint"),
+        (["--checkpoint", "{dir}", "--max-batch", "0"], "max_batch must be >= 1, got 0"),
+        (["--checkpoint", "{dir}", "--timeout", "0"], "timeout_s must be > 0, got 0.0"),
+        (["--checkpoint", "{dir}", "--beam-size", "0"], "beam_size must be >= 1, got 0"),
     ],
 )
-def test_bad_options_end_in_one_line(tmp_path, capsys, extra, message):
-    assert main(["serve", "--checkpoint", str(tmp_path), *extra]) == 1
+def test_bad_options_end_in_one_line(tmp_path, capsys, options, message):
+    assert main(["serve", *(o.format(dir=tmp_path) for o in options)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("xmodal serve: ") and message in err and "Traceback" not in err

@@ -1,10 +1,15 @@
-// The xmodal page: upload an image, draw its regions, ask a question, show the answers and attended regions.
+// The xmodal page: upload an image, draw its regions, ask a question, show the answers and attended regions;
+// with a captioner, describe the image and step through each word's attention over the regions.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const canvas = $("canvas");
 const ctx = canvas.getContext("2d");
-const state = { file: null, picture: null, image: null, regions: [], asked: null, highlight: -1 };
+// `view` is what the canvas shows attended: the answer's regions, or the current caption word's
+const state = {
+  file: null, picture: null, image: null, regions: [], asked: null, captioned: null, word: -1,
+  view: null, highlight: -1, timer: null, canAsk: false, canDescribe: false,
+};
 
 function color(i, alpha = 1) {
   return `hsla(${(i * 137.5) % 360}, 90%, 45%, ${alpha})`;
@@ -56,7 +61,7 @@ function draw() {
   canvas.height = Math.round(height * scale);
   ctx.imageSmoothingEnabled = scale < 2;
   ctx.drawImage(img, 0, 0, canvas.width, canvas.height);
-  const attended = state.asked ? state.asked.attended : [];
+  const attended = state.view ? state.view.attended : [];
   const rect = (i) => state.regions[i].box.map((v) => v * scale);
   if (attended.length) {
     // dim everything, then bring the attended regions back at full brightness
@@ -68,6 +73,7 @@ function draw() {
     }
   }
   let drawn = 0;
+  const placed = [];
   const showAll = $("all-regions").checked;
   state.regions.forEach((region, i) => {
     const rank = attended.indexOf(i);
@@ -80,18 +86,24 @@ function draw() {
     drawn += 1;
     if (rank >= 0 || i === state.highlight) {
       // the rank alone on attended boxes (their labels are listed beside): overlapping boxes stay legible
-      const text = rank >= 0 ? `#${rank + 1} ${region.attention.toFixed(2)}` : region.label;
+      const text = rank >= 0 ? `#${rank + 1} ${state.view.weights[i].toFixed(2)}` : region.label;
       ctx.font = "13px system-ui, sans-serif";
       const w = ctx.measureText(text).width + 6;
-      const y = Math.max(y1, 16);
+      const x = Math.min(x1, canvas.width - w);
+      let y = Math.max(y1, 16);
+      // boxes sharing a corner would print their labels over each other: move down to a free line
+      while (placed.some((p) => x < p.x + p.w && p.x < x + w && y - 16 < p.y && p.y - 16 < y)) y += 17;
+      placed.push({ x, y, w });
       ctx.fillStyle = color(i, 0.9);
-      ctx.fillRect(x1, y - 16, w, 16);
+      ctx.fillRect(x, y - 16, w, 16);
       ctx.fillStyle = "#fff";
-      ctx.fillText(text, x1 + 3, y - 4);
+      ctx.fillText(text, x + 3, y - 4);
     }
   });
   canvas.dataset.drawn = String(drawn);
   canvas.dataset.attended = String(attended.length);
+  canvas.dataset.labels = JSON.stringify(placed.map((p) => [p.x, p.y - 16, p.x + p.w, p.y]));
+  canvas.dataset.word = String(state.view && state.view.word !== undefined ? state.view.word : -1);
 }
 
 function regionItem(region, i, extra) {
@@ -126,14 +138,68 @@ function showAnswer(asked) {
   $("result").hidden = false;
 }
 
+function stopPlaying() {
+  clearInterval(state.timer);
+  state.timer = null;
+  $("play").textContent = "Play";
+}
+
+// Show word t of the caption: its chip, the slider, and on the canvas the regions it attended to most.
+function selectWord(t) {
+  const words = state.captioned.words;
+  const word = words[t];
+  state.word = t;
+  state.view = { attended: word.attended, weights: word.attention, word: t };
+  $("words").querySelectorAll(".word").forEach((chip, k) => chip.classList.toggle("current", k === t));
+  $("word-step").value = String(t);
+  $("word-attended").replaceChildren(...word.attended.map((i) =>
+    regionItem(state.regions[i], i, ` attention ${word.attention[i].toFixed(3)}`)));
+  draw();
+}
+
+function showCaption(captioned) {
+  stopPlaying();
+  $("caption").textContent = captioned.caption || "(the captioner produced no word)";
+  $("words").replaceChildren(...captioned.words.map((w, t) => {
+    const chip = document.createElement("button");
+    chip.type = "button";
+    chip.className = "word";
+    chip.textContent = w.word;
+    chip.addEventListener("click", () => { stopPlaying(); selectWord(t); });
+    return chip;
+  }));
+  $("word-step").max = String(Math.max(captioned.words.length - 1, 0));
+  $("word-step").disabled = $("play").disabled = captioned.words.length === 0;
+  $("caption-result").hidden = false;
+  if (captioned.words.length) selectWord(0);
+}
+
+function togglePlay() {
+  if (state.timer) return stopPlaying();
+  const words = state.captioned ? state.captioned.words : [];
+  if (!words.length) return;
+  if (state.word >= words.length - 1) selectWord(0);
+  $("play").textContent = "Stop";
+  state.timer = setInterval(() => {
+    if (state.word >= words.length - 1) return stopPlaying();
+    selectWord(state.word + 1);
+  }, 900);
+}
+
 async function onImage() {
   const file = $("image").files[0];
   if (!file) return;
-  Object.assign(state, { file, picture: null, image: null, regions: [], asked: null, highlight: -1 });
+  stopPlaying();
+  Object.assign(state, {
+    file, picture: null, image: null, regions: [], asked: null, captioned: null, word: -1, view: null,
+    highlight: -1,
+  });
   $("result").hidden = true;
+  $("caption-result").hidden = true;
   $("regions").replaceChildren();
   showError("");
-  $("ask").disabled = false;
+  $("ask").disabled = !state.canAsk;
+  $("describe").disabled = !state.canDescribe;
   try {
     state.picture = await loadPicture(file);
     draw();
@@ -167,7 +233,12 @@ async function onAsk(event) {
     form.append("question", question);
     const asked = await call("/api/ask", form);
     if (state.file !== file) return;
-    Object.assign(state, { image: asked.image, regions: asked.regions, asked });
+    stopPlaying();
+    const weights = asked.regions.map((r) => r.attention);
+    Object.assign(state, {
+      image: asked.image, regions: asked.regions, asked, word: -1, view: { attended: asked.attended, weights },
+    });
+    $("words").querySelectorAll(".word").forEach((chip) => chip.classList.remove("current"));
     listRegions();
     showAnswer(asked);
     draw();
@@ -176,15 +247,43 @@ async function onAsk(event) {
     setStatus("");
     showError(err.message);
   } finally {
-    $("ask").disabled = false;
+    $("ask").disabled = !state.canAsk;
+  }
+}
+
+async function onDescribe() {
+  if (!state.file) return showError("choose an image first");
+  showError("");
+  $("describe").disabled = true;
+  setStatus("describing…");
+  const file = state.file;
+  try {
+    const form = new FormData();
+    form.append("image", file);
+    const captioned = await call("/api/caption", form);
+    if (state.file !== file) return;
+    Object.assign(state, { image: captioned.image, regions: captioned.regions, captioned });
+    listRegions();
+    showCaption(captioned);
+    draw();
+    setStatus(`described in ${captioned.seconds.toFixed(2)} s.`);
+  } catch (err) {
+    setStatus("");
+    showError(err.message);
+  } finally {
+    $("describe").disabled = !state.canDescribe;
   }
 }
 
 async function onLoad() {
   try {
     const health = await call("/api/health");
-    $("loaded").textContent =
-      `${health.model.task} model ${health.model.checkpoint} · detector ${health.detector.preset}`;
+    const held = [health.model, health.caption].filter(Boolean).map((m) => `${m.task} model ${m.checkpoint}`);
+    $("loaded").textContent = `${held.join(" · ")} · detector ${health.detector.preset}`;
+    state.canAsk = Boolean(health.model);
+    state.canDescribe = Boolean(health.caption);
+    $("ask-form").hidden = !state.canAsk;
+    $("describe-row").hidden = !state.canDescribe;
     if (health.detector.weights === "random") {
       $("warning").textContent =
         "The detector has random weights: its regions and the answers are meaningless (a test setup).";
@@ -199,4 +298,7 @@ async function onLoad() {
 $("image").addEventListener("change", onImage);
 $("ask-form").addEventListener("submit", onAsk);
 $("all-regions").addEventListener("change", draw);
+$("describe").addEventListener("click", onDescribe);
+$("play").addEventListener("click", togglePlay);
+$("word-step").addEventListener("input", () => { stopPlaying(); selectWord(Number($("word-step").value)); });
 onLoad();

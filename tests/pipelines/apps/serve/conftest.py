@@ -16,21 +16,33 @@ from PIL import Image, ImageDraw
 
 from pipelines.apps.serve.backend import Backend, load_backend
 
-from .tiny_models import write_tiny_checkpoint
+from .tiny_models import write_tiny_captioner, write_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("serve"))
+def models(tmp_path_factory) -> tuple:
+    root = tmp_path_factory.mktemp("serve")
+    return write_tiny_checkpoint(root), write_tiny_captioner(root)
 
 
 @pytest.fixture(scope="session")
-def backend(checkpoint) -> Iterator[Backend]:
-    """The detector the checkpoint's features were made with (random weights, 96 px input) and the model."""
+def checkpoint(models):
+    return models[0]
+
+
+@pytest.fixture(scope="session")
+def caption_checkpoint(models):
+    return models[1]
+
+
+@pytest.fixture(scope="session")
+def backend(checkpoint, caption_checkpoint) -> Iterator[Backend]:
+    """The detector the checkpoints' features were made with (random weights, 96 px input), the VQA model
+    and the captioner."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models gain nothing from threads on the shared 2-core machine
     with pytest.warns(UserWarning, match="RANDOM weights"):
-        loaded = load_backend(checkpoint)
+        loaded = load_backend(checkpoint, caption_checkpoint=caption_checkpoint)
     yield loaded
     torch.set_num_threads(before)
 

@@ -14,13 +14,14 @@ import pytest
 import requests
 
 from pipelines.apps.ask import ask
+from pipelines.apps.caption import caption_regions
 from pipelines.apps.serve.app import STATIC_DIR, create_app
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from storage import RegionFeatures
 
 from .conftest import decoded, scene_png, serving
-from .tiny_models import ANSWERS, BOXES
+from .tiny_models import ANSWERS, BOXES, CAPTIONS
 
 QUESTION = "what color is the square?"
 
@@ -29,7 +30,7 @@ class Gated(Backend):
     """The real backend whose detector calls wait until `gate` is set; `entered` tells one has begun."""
 
     def __init__(self, backend: Backend):
-        super().__init__(backend.tuned, backend.detector, backend.checkpoint)
+        super().__init__(backend.detector, backend.answerer, backend.captioner)
         self.gate = threading.Event()
         self.entered = threading.Event()
 
@@ -70,12 +71,17 @@ def wait_until(condition, what: str, seconds: float = 30) -> None:
         time.sleep(0.02)
 
 
-def test_health_says_what_is_loaded(url, checkpoint):
+def test_health_says_what_is_loaded(url, checkpoint, caption_checkpoint):
     health = requests.get(url + "/api/health", timeout=10).json()
     assert health["status"] == "ok"
-    assert health["model"] == {"checkpoint": str(checkpoint), "task": "vqa", "answers": len(ANSWERS)}
+    assert health["model"] == {
+        "checkpoint": str(checkpoint),
+        "task": "vqa",
+        "arch": "lxmert",
+        "answers": len(ANSWERS),
+    }
+    assert health["caption"] == {"checkpoint": str(caption_checkpoint), "task": "caption", "arch": "updown"}
     assert health["detector"]["weights"] == "random" and health["detector"]["min_size"] == 96
-    assert health["caption"] is False
     assert health["queue"] == {"pending": 0, "max_pending": ServeConfig().max_pending}
 
 
@@ -97,7 +103,7 @@ def test_ask_returns_the_models_answers_and_its_attention_over_the_regions(url, 
     response = post(url, "/api/ask", scene_png(), question=f"  {QUESTION} ", top_k="3")
     assert response.status_code == 200, response.text
     body = response.json()
-    expected = ask(backend.tuned, reference, QUESTION, top_k=3)
+    expected = ask(backend.answerer.tuned, reference, QUESTION, top_k=3)
     assert body["question"] == QUESTION
     assert [a["answer"] for a in body["answers"]] == [a for a, _ in expected.answers]
     np.testing.assert_allclose(
@@ -115,7 +121,7 @@ def test_ask_returns_the_models_answers_and_its_attention_over_the_regions(url, 
 def test_labels_name_attributes_and_objects_from_the_vocabularies(backend):
     objects = [f"thing{i}" for i in range(1600)]
     attributes = [f"look{i}" for i in range(400)]
-    named = Backend(backend.tuned, backend.detector, backend.checkpoint, objects, attributes)
+    named = Backend(backend.detector, backend.answerer, None, objects, attributes)
     with serving(create_app(named)) as base:
         regions = post(base, "/api/regions", scene_png()).json()["regions"]
     assert [r["label"] for r in regions] == [
@@ -123,10 +129,53 @@ def test_labels_name_attributes_and_objects_from_the_vocabularies(backend):
     ]
 
 
-def test_caption_without_a_captioner_is_a_json_501(url):
-    response = post(url, "/api/caption", scene_png())
-    assert response.status_code == 501
-    assert "captioning is not available" in response.json()["error"]
+def test_caption_returns_the_captioners_words_and_each_words_attention_over_the_regions(
+    url, backend, reference
+):
+    response = post(url, "/api/caption", scene_png(), beam_size="2")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = caption_regions(backend.captioner.tuned, reference, beam_size=2)
+    assert body["caption"] == expected.caption == " ".join(w["word"] for w in body["words"])
+    assert body["beam_size"] == 2 and body["image"] == {"name": "scene.png", "width": 120, "height": 96}
+    assert expected.words and set(expected.words) <= {w for caption in CAPTIONS for w in caption}
+    attention = np.array([w["attention"] for w in body["words"]])
+    np.testing.assert_allclose(attention, expected.attentions, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(attention.sum(1), 1.0, rtol=1e-5)
+    for word, weights in zip(body["words"], attention, strict=True):
+        assert word["attended"] == sorted(range(BOXES), key=lambda i: -weights[i])[:5]
+    np.testing.assert_allclose([r["box"] for r in body["regions"]], reference.boxes, atol=0.01)
+    default = post(url, "/api/caption", scene_png()).json()  # the server's --beam-size, 3
+    assert default["beam_size"] == 3
+    assert default["caption"] == caption_regions(backend.captioner.tuned, reference, beam_size=3).caption
+
+
+@pytest.mark.parametrize(
+    ("held", "path", "fields", "message"),
+    [
+        (
+            "answerer",
+            "/api/caption",
+            {},
+            "this server holds no captioner: start `xmodal serve` with",
+        ),
+        ("captioner", "/api/ask", {"question": QUESTION}, "this server holds no question-answering model"),
+    ],
+)
+def test_a_server_without_the_model_an_endpoint_needs_answers_a_json_501(
+    backend, held, path, fields, message
+):
+    one = Backend(backend.detector, **{held: getattr(backend, held)})
+    with serving(create_app(one)) as base:
+        health = requests.get(base + "/api/health", timeout=10).json()
+        assert (health["model"] is None, health["caption"] is None) == (
+            held != "answerer",
+            held != "captioner",
+        )
+        response = post(base, path, scene_png(), **fields)
+        assert response.status_code == 501 and message in response.json()["error"]
+        after = requests.get(base + "/api/health", timeout=10).json()
+        assert after["batching"]["detector_calls"] == 0  # refused before the detector ran
 
 
 def png_claiming(width: int, height: int) -> bytes:
@@ -163,6 +212,8 @@ def png_claiming(width: int, height: int) -> bytes:
             "top_k must be between 1 and 100",
         ),
         ("/api/ask", scene_png(), {"question": "what?", "top_k": "many"}, 400, "top_k: Input should be"),
+        ("/api/caption", scene_png(), {"beam_size": "0"}, 400, "beam_size must be between 1 and 20, got 0"),
+        ("/api/caption", b"GIF89a", {}, 400, "'notes.txt' is not an image"),
     ],
 )
 def test_bad_requests_get_a_json_error_that_says_what_to_fix(url, path, png, fields, status, message):
@@ -210,7 +261,10 @@ def test_requests_beyond_the_bound_get_503_while_those_admitted_share_a_detector
     with serving(app) as base, ThreadPoolExecutor(3) as pool:
         first = pool.submit(post, base, "/api/regions", scene_png())
         assert gated.entered.wait(30)
-        queued = [pool.submit(post, base, "/api/ask", scene_png(), question=QUESTION) for _ in range(2)]
+        queued = [
+            pool.submit(post, base, "/api/ask", scene_png(), question=QUESTION),
+            pool.submit(post, base, "/api/caption", scene_png()),
+        ]
         wait_until(lambda: pending(base) == 3, "three requests are in flight")
         wait_until(lambda: app.state.service.detector.queued() == 2, "two images wait for the detector")
         refused = post(base, "/api/regions", scene_png())
@@ -246,7 +300,7 @@ class Faulty(Backend):
     """The real model behind a detector that finds nothing in 'blank.png' and breaks on 'broken.png'."""
 
     def __init__(self, backend: Backend):
-        super().__init__(backend.tuned, backend.detector, backend.checkpoint)
+        super().__init__(backend.detector, backend.answerer, backend.captioner)
 
     def detect(self, images, ids):
         if "broken.png" in ids:

@@ -1,8 +1,12 @@
-"""The page in headless system Chromium driven by Playwright: upload, regions, question, answer."""
+"""The page in headless system Chromium driven by Playwright: upload, regions, question, answer, caption
+and its attention over time."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import requests
@@ -12,6 +16,10 @@ from pipelines.apps.serve.app import create_app
 from .conftest import scene_png, serving
 from .tiny_models import ANSWERS, BOXES
 
+# where test runs leave files for people to look at (git ignores build/)
+ARTIFACTS = Path(
+    os.environ.get("XMODAL_TEST_ARTIFACTS", Path(__file__).parents[4] / "build" / "test-artifacts")
+)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = [
@@ -20,7 +28,11 @@ pytestmark = [
 ]
 
 
-def test_the_page_draws_the_regions_and_shows_the_answer_and_attended_regions(backend, tmp_path):
+def overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_the_page_draws_the_regions_shows_the_answer_the_caption_and_each_words_attention(backend, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
     image = tmp_path / "scene.png"
     image.write_bytes(scene_png())
@@ -73,9 +85,36 @@ def test_the_page_draws_the_regions_and_shows_the_answer_and_attended_regions(ba
         assert page.locator("#attended li").count() == len(asked["attended"]) == 5
         assert page.evaluate("canvas.dataset.attended") == "5"
         assert page.is_hidden("#error") and errors == []
+
+        page.click("#describe")
+        page.wait_for_selector("#caption-result:not([hidden])")
+        captioned = requests.post(
+            url + "/api/caption", files={"image": ("scene.png", scene_png(), "image/png")}, timeout=60
+        ).json()
+        words = [w["word"] for w in captioned["words"]]
+        assert len(words) >= 2
+        assert page.text_content("#caption") == captioned["caption"]
+        assert page.locator("#words .word").all_text_contents() == words
+        assert page.evaluate("canvas.dataset.word") == "0"  # the first word's attention is drawn at once
+        page.locator("#words .word").nth(1).click()
+        assert page.evaluate("canvas.dataset.word") == "1"
+        assert page.text_content("#words .word.current") == words[1]
+        assert page.locator("#word-attended li").count() == len(captioned["words"][1]["attended"]) == 5
+        assert page.evaluate("canvas.dataset.attended") == "5"
+        labels = json.loads(page.evaluate("canvas.dataset.labels"))
+        assert len(labels) == 5 and not any(
+            overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]
+        ), labels  # the ranks of boxes sharing a corner are printed on separate lines
+        page.click("#play")  # attention over time: the words take turns until the last
+        page.wait_for_function(f"canvas.dataset.word === '{len(words) - 1}'", timeout=30_000)
+        page.wait_for_function("document.getElementById('play').textContent === 'Play'", timeout=5_000)
+        assert page.is_hidden("#error") and errors == []
         screenshot = tmp_path / "serve-page.png"
         page.screenshot(path=str(screenshot), full_page=True)
         browser.close()
     assert elsewhere == []  # the page asked for nothing outside the server: it works offline
     assert screenshot.stat().st_size > 10_000
-    print(f"screenshot of the page: {screenshot}")
+    kept = ARTIFACTS / screenshot.name  # kept after the run, unlike tmp_path
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(screenshot, kept)
+    print(f"screenshot of the page: {kept}")
