@@ -16,11 +16,11 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("convert", "convert detector, LXMERT, ViLBERT, VL-BERT or VisualBERT checkpoints"),
     ("vocab", "build a WordPiece vocabulary"),
     ("pretrain", "pre-train a model (LXMERT: the five tasks)"),
-    ("finetune", "fine-tune on a task (VQA, GQA, NLVR2)"),
+    ("finetune", "fine-tune on a task (vqa, gqa, nlvr2, retrieval, caption)"),
     ("evaluate", "evaluate a fine-tuned checkpoint and write prediction files"),
     ("score", "score a prediction file against the gold answers as the official evaluators do"),
-    ("ask", "ask a question about one image"),
-    ("serve", "a web page and JSON API answering questions about uploaded images"),
+    ("ask", "ask a question about one image, or caption it"),
+    ("serve", "a web page and JSON API that answer questions about uploaded images and caption them"),
     ("demo", "run the whole pipeline on generated data"),
 )
 

@@ -31,6 +31,14 @@ def test_each_command_has_help(name, capsys):
     assert "usage: xmodal " + name in capsys.readouterr().out
 
 
+def test_finetune_summary_names_every_fine_tuning_task():
+    from pipelines.tasks import TASKS
+
+    summary = dict(COMMANDS)["finetune"]
+    tasks = [name for name in TASKS if name != "pretrain"]
+    assert tasks and all(name in summary for name in tasks), (summary, tasks)
+
+
 def test_unknown_command_is_an_error():
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["no-such-command"])
