@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage import codec
@@ -20,19 +21,28 @@ class DuplicateIdError(StoreError, ValueError):
     """Two sources hold the same image id."""
 
 
+@dataclass
+class Merged:
+    """How many records a merge wrote, and what a salvaging merge left out (one line each)."""
+
+    written: int
+    left_out: list[str] = field(default_factory=list)
+
+
 def merge_stores(
     srcs: Sequence[str | os.PathLike],
     dst: str | os.PathLike,
     first_wins: bool = False,
     dtype: str | None = None,
     salvage: bool = False,
-) -> int:
-    """Copy every record of `srcs` into `dst` and return how many were written. Ids held by several
+) -> Merged:
+    """Copy every record of `srcs` into `dst`; say how many were written and what was left out. Ids held by several
     sources are an error naming them (checked before anything is written) unless `first_wins`. `dst` may
     be a previous, interrupted merge: the records it already holds are kept. A damaged source stops the
     merge unless `salvage`: then what it still holds is copied, and its broken pages and the records
     failing their checksum are logged and left out (re-extract those: extraction skips stored ids)."""
     broken: dict[tuple[str, int], str] = {}
+    corrupt: list[str] = []
 
     def on_damage(store: Path, page: BrokenPage) -> None:
         if (str(store), page.pgno) not in broken:
@@ -85,7 +95,8 @@ def merge_stores(
                 except CorruptRecordError as exc:
                     if not salvage:
                         raise
-                    log.warning("%s: left out: %s", source, exc)
+                    corrupt.append(f"{source}: left out: {exc}")
+                    log.warning("%s", corrupt[-1])
                     continue
                 if reader.dtype == out_dtype:
                     written += writer.put_encoded(img_id, value)
@@ -93,4 +104,4 @@ def merge_stores(
                     written += writer.put(reader[img_id])
             log.info("%s: merged, %d records written so far", source, written)
             reader.close()
-    return written
+    return Merged(written, [*broken.values(), *corrupt])

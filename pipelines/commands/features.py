@@ -211,10 +211,18 @@ def _add_merge(sub) -> None:
 
 
 def _merge(args: argparse.Namespace) -> int:
+    from pipelines.cli import EXIT_PARTIAL
     from storage.merge import merge_stores
 
-    written = merge_stores(args.src, args.dst, first_wins=args.first_wins, salvage=args.salvage)
-    print(f"{args.dst}: {written} records written from {len(args.src)} sources")
+    merged = merge_stores(args.src, args.dst, first_wins=args.first_wins, salvage=args.salvage)
+    print(f"{args.dst}: {merged.written} records written from {len(args.src)} sources")
+    if merged.left_out:
+        print(
+            f"{args.dst}: PARTIAL: {len(merged.left_out)} damaged pages or records left out (listed above); "
+            "re-extract into it with `xmodal extract --out` (stored ids are skipped)",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
     return 0
 
 

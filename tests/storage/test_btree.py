@@ -211,8 +211,9 @@ def test_merge_salvages_what_a_damaged_store_still_holds(damaged, tmp_path, capl
     with pytest.raises(StoreDamagedError, match="is damaged"):
         merge_stores([path], tmp_path / "refused")
     with caplog.at_level("WARNING", logger="storage.merge"):
-        written = merge_stores([path], tmp_path / "saved", salvage=True)
-    assert written == COUNT - len(lost) and verify(tmp_path / "saved").ok
+        merged = merge_stores([path], tmp_path / "saved", salvage=True)
+    assert merged.written == COUNT - len(lost) and verify(tmp_path / "saved").ok
+    assert merged.left_out == [r.getMessage() for r in caplog.records]
     saved = FeatureReader(tmp_path / "saved")
     assert sorted(saved.keys()) == [f"img_{i:06d}" for i in range(COUNT) if f"img_{i:06d}" not in lost]
     np.testing.assert_array_equal(saved["img_000000"].features, small(0).features.astype(np.float16))

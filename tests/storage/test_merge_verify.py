@@ -39,7 +39,7 @@ def test_merge_refuses_duplicates_unless_first_wins(tmp_path, make_record, same)
     with pytest.raises(DuplicateIdError, match=r"2 ids.*'img_000001' in .*a, .*b.*--first-wins"):
         merge_stores([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
     assert not (tmp_path / "m").exists()
-    assert merge_stores([tmp_path / "a", tmp_path / "b"], tmp_path / "m", first_wins=True) == 5
+    assert merge_stores([tmp_path / "a", tmp_path / "b"], tmp_path / "m", first_wins=True).written == 5
     r = FeatureReader(tmp_path / "m")
     same(r["img_000001"], make_record(1), np.float16)
     same(r["img_000004"], make_record(14, img_id="img_000004"), np.float16)
@@ -48,7 +48,7 @@ def test_merge_refuses_duplicates_unless_first_wins(tmp_path, make_record, same)
 def test_merge_converts_dtype_when_sources_differ(tmp_path, make_record, same):
     write(tmp_path / "a", [make_record(0)], dtype="float32")
     write(tmp_path / "b", [make_record(1)])
-    assert merge_stores([tmp_path / "a", tmp_path / "b"], tmp_path / "m") == 2
+    assert merge_stores([tmp_path / "a", tmp_path / "b"], tmp_path / "m").written == 2
     r = FeatureReader(tmp_path / "m")
     assert r.dtype == "float32"
     same(r["img_000001"], make_record(1))

@@ -67,7 +67,7 @@ def _record(i: int) -> RegionFeatures:
     )
 
 
-def test_salvage_leaves_out_the_corrupt_record(tmp_path, caplog):
+def test_salvage_leaves_out_the_corrupt_record_and_exits_partial(tmp_path, caplog, capsys):
     src = tmp_path / "a.lmdb"
     with FeatureWriter(src, feature_dim=8, max_boxes=3) as writer:
         for i in range(5):
@@ -82,6 +82,8 @@ def test_salvage_leaves_out_the_corrupt_record(tmp_path, caplog):
     assert main(["features", "merge", str(src), str(tmp_path / "plain.lmdb")]) == 1
     assert "img2" in caplog.text
     caplog.clear()
-    assert main(["features", "merge", "--salvage", str(src), str(tmp_path / "kept.lmdb")]) == 0
+    # what was saved is kept, and the status says the merge is partial (2), not a success
+    assert main(["features", "merge", "--salvage", str(src), str(tmp_path / "kept.lmdb")]) == 2
     assert "left out" in caplog.text and "img2" in caplog.text
+    assert "PARTIAL: 1 damaged pages or records left out" in capsys.readouterr().err
     assert sorted(FeatureReader(tmp_path / "kept.lmdb").keys()) == ["img0", "img1", "img3", "img4"]
