@@ -36,11 +36,13 @@ def merge_stores(
     dtype: str | None = None,
     salvage: bool = False,
 ) -> Merged:
-    """Copy every record of `srcs` into `dst`; say how many were written and what was left out. Ids held by several
-    sources are an error naming them (checked before anything is written) unless `first_wins`. `dst` may
-    be a previous, interrupted merge: the records it already holds are kept. A damaged source stops the
-    merge unless `salvage`: then what it still holds is copied, and its broken pages and the records
-    failing their checksum are logged and left out (re-extract those: extraction skips stored ids)."""
+    """Copy every record of `srcs` into `dst`; say how many were written and what was left out.
+
+    Ids held by several sources are an error naming them (checked before anything is written) unless
+    `first_wins`. `dst` may be a previous, interrupted merge: the records it already holds are kept. A
+    damaged source stops the merge unless `salvage`: then what it still holds is copied, and its broken
+    pages and the records failing their checksum are logged and left out (re-extract those: extraction
+    skips stored ids)."""
     broken: dict[tuple[str, int], str] = {}
     corrupt: list[str] = []
 
