@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 from collections.abc import Sequence
@@ -37,9 +38,11 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str = DEFAULT_DEVICE,
     loader_workers: int = 0,
+    beam_size: int | None = None,
 ) -> dict[str, float] | None:
     """Predict every example of `split`, write `out` in the task's official format, and return the metrics
-    (also written to `metrics_path(out)`) when every example is labelled; None otherwise."""
+    (also written to `metrics_path(out)`) when every example is labelled; None otherwise. Captions are
+    decoded with `beam_size` beams, by default the run's (what its validation used)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -47,6 +50,14 @@ def evaluate(
     if task is not None and task != tuned.task:
         raise ValueError(f"{checkpoint} was fine-tuned for {tuned.task}, not {task}")
     kind = tuned.kind
+    options = {}
+    beam_size = beam_size if beam_size is not None else tuned.settings.get("beam_size")
+    if beam_size is not None:
+        if "beam_size" not in inspect.signature(kind.predict).parameters:
+            raise ValueError(f"--beam-size applies to captioners; {tuned.task} predictions are not decoded")
+        if beam_size < 1:
+            raise ValueError(f"--beam-size must be at least 1, got {beam_size}")
+        options["beam_size"] = beam_size
     examples = kind.load_examples(split)
     if not examples:
         raise ValueError(f"{', '.join(map(str, split))} holds no example")
@@ -65,7 +76,8 @@ def evaluate(
         num_workers=loader_workers,
         collate_fn=functools.partial(kind.collate_items, pad_id=tuned.tokenizer.pad_token_id),
     )
-    predictions, loss = kind.predict(tuned.model, (to_device(b, dev) for b in loader), tuned.answers)
+    batches = (to_device(b, dev) for b in loader)
+    predictions, loss = kind.predict(tuned.model, batches, tuned.answers, **options)
     path = kind.write_predictions(out, predictions)
     log.info("wrote %d predictions to %s", len(predictions), path)
     if any(e.label is None for e in examples):

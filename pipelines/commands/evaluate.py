@@ -35,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"examples per forward pass (default: {DEFAULT_BATCH_SIZE})",
     )
     parser.add_argument(
+        "--beam-size",
+        type=int,
+        help="captioners: beams per image (default: the run's, as its validation decoded)",
+    )
+    parser.add_argument(
         "--device", default=DEFAULT_DEVICE, help="cpu, cuda, cuda:N (default: auto, a GPU if any)"
     )
 
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
             task=args.task,
             batch_size=args.batch_size,
             device=args.device,
+            beam_size=args.beam_size,
         )
     except (ValueError, KeyError, FileNotFoundError) as exc:
         print(f"xmodal evaluate: {exc}", file=sys.stderr)

@@ -224,6 +224,9 @@ def test_evaluate_refuses_a_task_mismatch_and_missing_images(runs, tmp_path, cap
     ]
     assert main(argv) == 1
     assert "fine-tuned for vqa, not gqa" in capsys.readouterr().err
+    argv[1] = "vqa"
+    assert main([*argv, "--beam-size", "2"]) == 1
+    assert "--beam-size applies to captioners; vqa predictions are not decoded" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"question_id": 1, "img_id": "elsewhere", "sent": "is it red?"}]))
     with pytest.raises(ValueError, match="1 image ids are not in the feature store"):

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from pipelines.apps.caption import caption_regions
 from pipelines.cli import main
 from pipelines.data.captions import VOCAB_FILE, Vocabulary
 from pipelines.engine.checkpoints import STATE_FILE
@@ -16,7 +17,8 @@ from pipelines.engine.trainer import TrainConfig
 from pipelines.scoring.cider import CiderD
 from pipelines.tasks.caption import CaptionTask, references
 from pipelines.tasks.finetune import FinetuneConfig, FinetuneRun
-from pipelines.tasks.finetuned import finetune
+from pipelines.tasks.finetuned import finetune, load_finetuned
+from storage import FeatureReader
 
 from .caption_scenes import DIM, write_caption_corpus
 
@@ -140,6 +142,20 @@ def test_finetune_and_evaluate_through_the_cli(corpus, tmp_path, capsys, monkeyp
     assert "CIDEr" in printed and "Bleu_4" in printed
     vocab = Vocabulary.load(out / "last" / VOCAB_FILE)
     assert all(w in vocab.index for row in rows for w in row["caption"].split())
+
+    # the beam width: the run's by default (what validation used), --beam-size otherwise, each caption the
+    # one `caption_regions` decodes from the image's stored regions with that width
+    tuned = load_finetuned(out / "last")
+    reader = FeatureReader(store)
+    ids = {int(e.image_id): e.img_id for e in CaptionTask.load_examples([f"{split_file}:val"])}
+
+    def decoded(beam_size: int) -> dict[int, str]:
+        return {i: caption_regions(tuned, reader[ids[i]], beam_size).caption for i in ids}
+
+    assert tuned.settings["beam_size"] == 3 and {r["image_id"]: r["caption"] for r in rows} == decoded(3)
+    assert main(["evaluate", "caption", "--checkpoint", str(out / "last"), "--features", str(store),
+                 "--split", f"{split_file}:val", "--out", str(results), "--beam-size", "1"]) == 0  # fmt: skip
+    assert {r["image_id"]: r["caption"] for r in json.loads(results.read_text())} == decoded(1)
 
 
 def test_arch_must_be_a_captioner(corpus):
