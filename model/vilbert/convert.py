@@ -97,8 +97,9 @@ class ConversionReport:
     def ok(self) -> bool:
         return not (self.unexpected or self.missing or self.mis_shaped)
 
-    def summary(self) -> str:
-        """One line of counts, then one line per kind of problem naming every weight."""
+    def summary(self, dropped: bool = False) -> str:
+        """One line of counts, then one line per kind of problem naming every weight (and, with
+        `dropped`, one per dropped weight with the reason)."""
         problems = (
             ("unexpected (not understood)", self.unexpected),
             ("missing (left freshly initialised)", self.missing),
@@ -108,6 +109,8 @@ class ConversionReport:
         counts += [f"{len(names)} {title.split(' (')[0]}" for title, names in problems if names]
         lines = [f"{self.source} ({self.layout}) -> {self.architecture}: {', '.join(counts)}"]
         lines += [f"  {len(names)} {title}: {', '.join(names)}" for title, names in problems if names]
+        if dropped:
+            lines += [f"  dropped {name}: {reason}" for name, reason in self.dropped.items()]
         return "\n".join(lines)
 
 

@@ -174,7 +174,7 @@ def _convert_vilbert(args: argparse.Namespace) -> None:
         strict=args.strict,
     )
     dst = model.save_pretrained(args.dst)
-    print(f"{dst}: converted\n{report.summary()}")
+    print(f"{dst}: converted\n{report.summary(dropped=args.verbose)}")
 
 
 def _one_line(exc: BaseException, src: str) -> str:

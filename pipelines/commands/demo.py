@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="detector checkpoint (faster_rcnn_from_caffe_attr.pkl, ...); default: random weights",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="a tiny run that checks every stage, in about a minute"
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks every stage, in a few minutes (longer on a busy machine)",
     )
 
 

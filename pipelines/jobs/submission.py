@@ -37,6 +37,7 @@ def submit_job(
 
     The working dir goes up without secrets, weights and data (`pipelines.jobs.upload`; `include` patterns
     put some back); what goes up is said first, and an upload over Ray's limit is refused before sending."""
+    import requests
     from ray.job_submission import JobSubmissionClient
 
     from pipelines.jobs.ray_runtime import enable_token_auth_if_available
@@ -44,8 +45,12 @@ def submit_job(
     upload = plan_upload(working_dir, include)
     print(upload.describe(), file=sys.stderr, flush=True)
     enable_token_auth_if_available()
-    client = JobSubmissionClient(address)
-    job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=runtime_env(upload))
+    try:
+        client = JobSubmissionClient(address)
+        job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=runtime_env(upload))
+    except (RuntimeError, requests.RequestException) as exc:  # refusals: "Request failed with status 500"
+        reason = " ".join(str(exc).split())
+        raise ConnectionError(f"{address}: the Ray Jobs API did not take the job: {reason}") from None
     print(f"submitted Ray Job {job_id} to {address}: xmodal {shlex.join(argv)}", file=sys.stderr, flush=True)
     if not wait:
         print(f"follow it with: ray job logs --follow --address {address} {job_id}", file=sys.stderr)

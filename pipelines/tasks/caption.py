@@ -104,6 +104,12 @@ class CaptionTask(FinetuneTask):
     def _vocabulary(self) -> Vocabulary:
         cfg = self.config
         path = cfg.vocab or (str(Path(cfg.init) / VOCAB_FILE) if cfg.init else None)
+        if path and not cfg.vocab and not Path(path).is_file():
+            what = "does not exist" if not Path(cfg.init).exists() else f"has no {VOCAB_FILE}"
+            raise ValueError(
+                f"--init {cfg.init} {what}: it is not a captioning run's directory; give one written by "
+                "`xmodal finetune caption` (its best/ or last/)"
+            )
         if path:
             return Vocabulary.load(path)
         captions = [c for e in self.train_examples for c in e.label]

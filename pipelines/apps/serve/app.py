@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -178,7 +179,9 @@ async def _decode(upload: UploadFile) -> tuple[np.ndarray, str]:
     try:
         return await run_in_threadpool(load_image, data, name), name
     except ImageError as exc:
-        raise ServiceError(400, str(exc)) from None
+        # extraction's advice is about an input folder ("remove it"); an upload is fixed by sending another
+        reason = re.sub(r"; (re-download or )?remove it( from the input)?$", "", str(exc))
+        raise ServiceError(400, f"{reason}; upload another image (JPEG, PNG, ...)") from None
 
 
 def _check_question(question: str, config: ServeConfig) -> str:

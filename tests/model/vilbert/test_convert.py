@@ -190,6 +190,9 @@ def test_pretrained_model_bin_converts_every_name(cfg, tmp_path):
     dropped = {k for k in shapes if ".q_dense" in k} | {"cls.predictions.decoder.weight"}
     assert set(report.dropped) == dropped
     assert sorted(report.converted) == sorted(set(shapes) - dropped)
+    named = report.summary(dropped=True).splitlines()[1:]  # `convert -v`: one line per dropped weight
+    assert sorted(line.split(":")[0].removeprefix("  dropped ") for line in named) == sorted(dropped)
+    assert len(report.summary().splitlines()) == 1
     model = VilbertForPreTraining.from_pretrained(tmp_path / "out")
     own = model.state_dict()
     assert set(own) == set(shapes) - dropped  # our names are the release's names

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import shlex
 import shutil
@@ -11,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -150,6 +153,43 @@ def test_submit_without_command_or_reachable_cluster_is_a_clear_error(caplog):
         == 1
     )
     assert "127.0.0.1" in caplog.text
+
+
+def test_a_jobs_api_that_refuses_the_job_is_one_line_naming_the_address(caplog, capsys):
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def _refuse(self):
+            body = b"No available agent to submit job, please try again later."
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # the version check passes (a Ray 2 dashboard); the job itself is refused
+            if self.path != "/api/version":
+                return self._refuse()
+            body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_PUT = _refuse
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["submit", "--address", address, "--", "extract", "x", "--out", "y"]) == 1
+    finally:
+        server.shutdown()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith(f"{address}: ") and "\n" not in errors[0], errors
+    assert "did not take the job" in errors[0] and "No available agent to submit job" in errors[0]
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -161,3 +161,11 @@ def test_finetune_and_evaluate_through_the_cli(corpus, tmp_path, capsys, monkeyp
 def test_arch_must_be_a_captioner(corpus):
     with pytest.raises(ValueError, match="not a captioner"):
         CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "arch": "lxmert"}))
+
+
+def test_an_init_that_is_not_a_captioning_run_is_named(corpus, tmp_path):
+    (tmp_path / "vqa_best").mkdir()
+    cases = ((tmp_path / "nowhere", "does not exist"), (tmp_path / "vqa_best", "has no vocab.json"))
+    for init, what in cases:
+        with pytest.raises(ValueError, match=f"--init {init} {what}: it is not a captioning run's directory"):
+            CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "init": str(init)}))

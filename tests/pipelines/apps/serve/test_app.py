@@ -220,6 +220,9 @@ def test_bad_requests_get_a_json_error_that_says_what_to_fix(url, path, png, fie
     response = post(url, path, png, name="notes.txt", **fields)
     assert response.status_code == status
     assert message in response.json()["error"]
+    if any(m in message for m in ("not an image", "empty (0-byte)", "MP limit")):
+        # the fix for an upload, not extraction's "remove it" (from the input folder)
+        assert response.json()["error"].endswith("; upload another image (JPEG, PNG, ...)")
 
 
 def test_a_chunked_upload_over_the_limit_is_cut_off_with_a_json_413(url):
