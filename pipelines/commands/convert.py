@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -141,6 +142,8 @@ def _convert_lxmert(args: argparse.Namespace) -> None:
     )
     if tokenizer is not None:
         _finish_hf_directory(Path(dst), tokenizer, table)
+    elif (src / "vocab.txt").is_file():  # a HuggingFace directory's vocabulary: fine-tuning from dst uses it
+        shutil.copyfile(src / "vocab.txt", Path(dst) / "vocab.txt")
     if table is not None and not args.to_hf:
         table.save(Path(dst) / ANSWERS_FILE)
         print(f"{dst}: converted, with the {len(table)}-answer table of {args.answers} as {ANSWERS_FILE}")

@@ -202,6 +202,9 @@ def test_convert_to_hf_writes_a_directory_transformers_uses_as_it_is(release_fil
     config = LxmertConfig.from_pretrained(out)
     assert config.id2label == {0: "yes", 1: "no", 2: "2", 3: "red"}
     assert config.label2id == {"yes": 0, "no": 1, "2": 2, "red": 3}
+    # and back: a HuggingFace directory's vocabulary comes along, so `finetune --init back` uses it
+    assert main(["convert", "lxmert", str(out), str(tmp_path / "back")]) == 0
+    assert (tmp_path / "back" / "vocab.txt").read_text() == (out / "vocab.txt").read_text()
 
 
 WORDS = ("the", "red", "ball", "is", "on", "a", "table", "what", "color", "of", "man", "dog")
