@@ -24,6 +24,7 @@ def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False)
 
 
 def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
+    import cloudpickle
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -42,7 +43,15 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     trainer = TorchTrainer(
         _ray_worker_entry,
-        train_loop_config={"task": task, "cfg": cfg, "out_dir": str(out_dir.resolve()), "resume": resume},
+        # the task travels pickled and is unpickled after the worker has moved to the driver's folder: Ray
+        # Train starts workers in a trial folder, where relative paths (stores, --init) name nothing
+        train_loop_config={
+            "task": cloudpickle.dumps(task),
+            "cwd": os.getcwd(),
+            "cfg": cfg,
+            "out_dir": str(out_dir.resolve()),
+            "resume": resume,
+        },
         scaling_config=ScalingConfig(
             num_workers=cfg.workers, use_gpu=gpus > 0, resources_per_worker=resources
         ),
@@ -55,7 +64,12 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
 
 
 def _ray_worker_entry(loop_config: dict) -> None:
-    train_worker(loop_config["task"], loop_config["cfg"], Path(loop_config["out_dir"]), loop_config["resume"])
+    import cloudpickle
+
+    if Path(loop_config["cwd"]).is_dir():  # on another node it exists when on shared storage
+        os.chdir(loop_config["cwd"])
+    task = cloudpickle.loads(loop_config["task"])  # the driver's own task object, pickled just above
+    train_worker(task, loop_config["cfg"], Path(loop_config["out_dir"]), loop_config["resume"])
 
 
 def train_worker(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -420,13 +421,18 @@ def test_resume_continues_the_run(problem, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path, ray_two_cpus):
-    """Fine-tuning runs on the pre-training loop's Ray Train path: DDP over CPU workers, rank 0 writes."""
+def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path, ray_two_cpus, monkeypatch):
+    """Fine-tuning runs on the pre-training loop's Ray Train path: DDP over CPU workers, rank 0 writes;
+    paths relative to the folder the command runs in work there too (Ray starts workers elsewhere)."""
     out = tmp_path / "nlvr2_ray"
     workers = ("--workers", "2", "--cpus-per-worker", "0.5")
     argv = _argv(
         problem, "nlvr2", out, "--max-steps", "2", "--batch-size", "8", *workers, "train.log_every=1"
     )
+    monkeypatch.chdir(problem["root"])
+    root = str(problem["root"]) + os.sep
+    argv = [a.removeprefix(root) for a in argv]
+    assert "feats.lmdb" in argv and "pretrain_last" in argv
     assert main(argv) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows if "loss" in r and "valid_accuracy" not in r] == [1, 2]
