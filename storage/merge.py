@@ -75,16 +75,18 @@ def merge_stores(
         )
     out_dtype = dtype or readers[0].dtype
     written = 0
+    provenance = {
+        **_shared_provenance(srcs, readers),
+        "merged_from": [
+            {"path": str(Path(p).resolve()), "count": len(r)} for p, r in zip(srcs, readers, strict=True)
+        ],
+    }
     with FeatureWriter(
         dst,
         feature_dim=dims.pop(),
         max_boxes=max(r.max_boxes for r in readers),
         dtype=out_dtype,
-        meta={
-            "merged_from": [
-                {"path": str(Path(p).resolve()), "count": len(r)} for p, r in zip(srcs, readers, strict=True)
-            ]
-        },
+        meta=provenance,
     ) as writer:
         for reader in readers:
             source = str(reader.paths[0])
@@ -107,3 +109,24 @@ def merge_stores(
             log.info("%s: merged, %d records written so far", source, written)
             reader.close()
     return Merged(written, [*broken.values(), *corrupt])
+
+
+# provenance entries that may differ between sources made the same way
+_INCIDENTAL = ("merged_from", "versions")
+
+
+def _shared_provenance(srcs: Sequence[str | os.PathLike], readers: list[FeatureReader]) -> dict:
+    """The sources' provenance (what made them: detector, settings, weights) when they all agree, so the
+    merged store still says how to reproduce its features (`xmodal ask` rebuilds the detector from it);
+    nothing, with a warning naming the settings that differ, when they do not."""
+    made = [{k: v for k, v in r.meta.get("provenance", {}).items() if k not in _INCIDENTAL} for r in readers]
+    differ = sorted({k for m in made for k in m if any(m.get(k) != o.get(k) for o in made)})
+    if not differ:
+        return made[0]
+    log.warning(
+        "the sources were made differently (%s differ between %s): the merged store records no detector "
+        "settings; commands that rebuild the detector (ask, serve) then use the preset's defaults",
+        ", ".join(differ),
+        ", ".join(str(p) for p in srcs),
+    )
+    return {}

@@ -37,7 +37,15 @@ def detector_settings(tuned: Finetuned, weights: str | None, **overrides) -> dic
     `extraction.provenance.detector_settings`); `weights` and non-None `overrides` win."""
     from extraction.provenance import detector_settings as recorded_settings
 
-    settings = recorded_settings(tuned.settings.get("detector") or {})
+    recorded = tuned.settings.get("detector") or {}
+    if "config" not in recorded:
+        log.warning(
+            "the fine-tuning features record no detector settings (an imported store, or one merged from "
+            "stores made differently): the detector runs the %s preset's defaults, which may not be how "
+            "the features were made; pass --min-size/--max-size/--weights to match them",
+            recorded.get("preset") or "default",
+        )
+    settings = recorded_settings(recorded)
     if weights is not None:
         settings["weights"] = weights
     settings.update({k: v for k, v in overrides.items() if v is not None})

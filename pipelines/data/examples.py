@@ -27,11 +27,14 @@ def image_ids(examples: Sequence[Example]) -> list[str]:
     return list(ids)
 
 
-def check_images(examples: Sequence[Example], features, what: str) -> None:
-    """Fail with a count and examples when images are missing from the feature store."""
+def check_images(examples: Sequence[Example], features, what: str, skippable: bool = False) -> None:
+    """Fail with a count and examples when images are missing from the feature store (`skippable`: the
+    command has --skip-missing)."""
     missing = [img for img in image_ids(examples) if img not in features]
     if missing:
+        fixes = "extract them or pass the store that holds them"
+        if skippable:
+            fixes = "extract them, pass the store that holds them, or drop those examples with --skip-missing"
         raise ValueError(
-            f"{what}: {len(missing)} image ids are not in the feature store (e.g. {missing[:5]}); "
-            "extract them or pass the store that holds them"
+            f"{what}: {len(missing)} image ids are not in the feature store (e.g. {missing[:5]}); {fixes}"
         )

@@ -99,7 +99,13 @@ class Progress:
             return
         text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
         eta = self.eta(row["step"]) if "step" in row else None
-        log.info("%s/%s %s%s", row.get("step"), self.total, text, f" eta={_duration(eta)}" if eta else "")
+        log.info(
+            "%s/%s %s%s",
+            row.get("step"),
+            self.total,
+            text,
+            f" eta={_duration(eta)}" if eta is not None else "",
+        )
 
     def close(self) -> None:
         if self.bar is not None:

@@ -178,6 +178,12 @@ class TrainingRun:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # the schedule is this run's: resumed with more (or fewer) steps, the rate decays over the new total
+        # from here instead of going on at the saved rate (0 where the old schedule had ended)
+        for group, base, schedule in zip(
+            self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas, strict=True
+        ):
+            group["lr"] = base * schedule(int(state["step"]))
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
@@ -211,7 +217,7 @@ class TrainingRun:
             for _ in range(first, self.steps_per_epoch):
                 if self.step >= self.total_steps:
                     break
-                lr = self.scheduler.get_last_lr()[0]
+                lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
                 parts = self._optimizer_step(model, batches)
                 for k, v in parts.items():
                     window.setdefault(k, []).append(v)

@@ -218,7 +218,7 @@ class FinetuneTask:
                 )
             examples = kept
         else:
-            check_images(examples, self.features, f"{what} ({', '.join(files)})")
+            check_images(examples, self.features, f"{what} ({', '.join(files)})", skippable=True)
         examples = drop_bad(examples, _images_of, self.features, self.config.skip_bad_records, what)
         if not examples:
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable example")

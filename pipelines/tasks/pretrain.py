@@ -95,8 +95,14 @@ def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
     (`WHOLE_WORD_MASKING`) where none is given."""
     accepted = set(inspect.signature(pretraining.forward).parameters)
     changes: dict[str, Any] = {n: False for n, label in OBJECTIVE_LABELS.items() if label not in accepted}
-    if any(getattr(masking, name) for name in changes):
-        log.info("%s takes no labels for %s: switched off", pretraining.__name__, ", ".join(sorted(changes)))
+    dropped = sorted(name for name in changes if getattr(masking, name))
+    if dropped:
+        log.info(
+            "%s has no %s objective: task.masking.%s off (the others stay on)",
+            pretraining.__name__,
+            "/".join(dropped),
+            "/".join(dropped),
+        )
     zero, swap = getattr(pretraining, "REGION_MASKING", (None, None))
     if masking.object_zero is None and masking.object_swap is None:
         changes |= {"object_zero": zero, "object_swap": swap}

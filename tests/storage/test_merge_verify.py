@@ -33,6 +33,20 @@ def test_merge_combines_shards(tmp_path, make_record, same):
     assert verify(tmp_path / "m").ok
 
 
+def test_merge_keeps_the_sources_provenance_when_they_agree(tmp_path, make_record, caplog):
+    made = {"preset": "vg-r101-c4", "config": {"min_size": 96}, "weights": "random"}
+    write(tmp_path / "a", [make_record(0)], meta={**made, "versions": {"torch": "2.9"}})
+    write(tmp_path / "b", [make_record(1)], meta={**made, "versions": {"torch": "2.10"}})
+    write(tmp_path / "c", [make_record(2)], meta={**made, "config": {"min_size": 600}})
+    merge_stores([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    kept = FeatureReader(tmp_path / "ab").meta["provenance"]
+    assert {k: kept[k] for k in made} == made and len(kept["merged_from"]) == 2  # library versions aside
+    merge_stores([tmp_path / "ab", tmp_path / "c"], tmp_path / "abc")
+    mixed = FeatureReader(tmp_path / "abc").meta["provenance"]
+    assert set(mixed) == {"merged_from"}  # the sources disagree: no settings are claimed, and it is said
+    assert "config differ between" in caplog.text and "records no detector settings" in caplog.text
+
+
 def test_merge_refuses_duplicates_unless_first_wins(tmp_path, make_record, same):
     write(tmp_path / "a", [make_record(i) for i in range(3)])
     write(tmp_path / "b", [make_record(i + 10, img_id=f"img_{i:06d}") for i in range(1, 5)])

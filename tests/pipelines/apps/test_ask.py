@@ -116,6 +116,13 @@ def test_detector_settings_follow_the_recorded_extraction(checkpoint):
     assert detector_settings(tuned, "det.safetensors")["min_size"] == 300
 
 
+def test_features_without_recorded_settings_are_warned_about(checkpoint, caplog):
+    tuned = load_finetuned(checkpoint)
+    tuned.settings = {**tuned.settings, "detector": {"merged_from": [{"path": "a.lmdb", "count": 2}]}}
+    assert detector_settings(tuned, None) == {"preset": "vg-r101-c4", "weights": None}
+    assert "record no detector settings" in caplog.text and "--min-size" in caplog.text
+
+
 def test_explanation_marks_the_most_attended_regions():
     boxes = np.array([[0, 0, 10, 10], [40, 20, 70, 60], [10, 40, 20, 50], [60, 0, 79, 15]], np.float32)
     rec = _regions("x", 4, np.random.default_rng(2))

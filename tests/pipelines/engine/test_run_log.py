@@ -23,7 +23,8 @@ def test_without_a_terminal_rows_are_plain_lines_with_an_eta(tmp_path, caplog):
     train = [line for line in lines if " loss=" in line]
     assert train and train[0].startswith("2/8 ")
     assert "samples_per_s=" in train[0] and " eta=0:00:" in train[0]
-    assert "eta=" not in train[-1] or train[-1].startswith("8/8")
+    assert all(" eta=" in line for line in lines if line[:1].isdigit())  # the last ones too: eta=0:00:00
+    assert train[-1].startswith("8/8 ") and train[-1].endswith(" eta=0:00:00")
 
 
 def test_on_request_a_bar_shows_step_loss_speed_and_eta(tmp_path, capsys, caplog):

@@ -138,6 +138,16 @@ def test_resume_is_exact(tmp_path, optimizer):
     assert latest_checkpoint(first / "checkpoints").name == "step-24"
 
 
+def test_a_run_resumed_with_more_steps_decays_over_the_new_total(tmp_path):
+    fit(ToyTask(), _cfg(max_steps=8, log_every=1, save_every=8), tmp_path)
+    fit(ToyTask(), _cfg(max_steps=16, log_every=1), tmp_path, resume=True)
+    rates = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r}
+    assert rates[8] == pytest.approx(0.02 * (8 - 7) / (8 - 0))  # warm-up int(0.1 * 8) = 0 steps
+    # the rate each step uses: linear decay from lr over the new 16 steps (warm-up int(0.1 * 16) = 1 step)
+    for step in range(9, 17):
+        assert rates[step] == pytest.approx(0.02 * (16 - (step - 1)) / (16 - 1)), step
+
+
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):
     class NoDropout(ToyTask):
         def build_model(self):

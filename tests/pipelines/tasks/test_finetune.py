@@ -379,7 +379,10 @@ def test_bad_inputs_name_the_problem(problem, tmp_path):
     rows = json.loads(problem["vqa_train"].read_text())
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps(rows[:4] + [{**rows[0], "question_id": 10**6, "img_id": "nowhere"}]))
-    with pytest.raises(ValueError, match=r"1 image ids are not in the feature store .*nowhere"):
+    with pytest.raises(
+        ValueError,
+        match=r"1 image ids are not in the feature store .*nowhere.*drop those examples with --skip-missing",
+    ):
         build_task(dataclasses.replace(base, train_files=[str(missing)]))
     kept = build_task(dataclasses.replace(base, train_files=[str(missing)], skip_missing=True))
     assert len(kept.train_examples) == 4
