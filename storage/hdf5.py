@@ -159,6 +159,25 @@ def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> dict[in
             )
             raise BadInputError(f"{path}: no id -> row map for this bottom-up-attention-vqa file; {hint}")
     ids = Path(ids)
+    if not ids.is_file():
+        raise BadInputError(f"{ids}: no such id map file (--ids)")
+    with open(ids, "rb") as fh:
+        pickled = fh.read(1) == b"\x80"  # every pickle since protocol 2 starts so; no text file does
+    if pickled or ids.suffix in (".pkl", ".pickle"):
+        raise BadInputError(
+            f"{ids} is a pickle, which xmodal never loads (it can run code); write its {{image id: row}} map "
+            f"as JSON (json.dump(dict(pickle.load(f)), ...)) or its ids in row order, one per line, and pass "
+            "that with --ids"
+        )
+    try:
+        return _read_row_ids(ids)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(
+            f"{ids}: not a JSON {{id: row}} map, a JSON list or a text file of ids ({exc})"
+        ) from None
+
+
+def _read_row_ids(ids: Path) -> dict[int, str]:
     if ids.suffix == ".json":
         with open(ids, encoding="utf-8") as fh:
             data = json.load(fh)

@@ -96,6 +96,15 @@ def test_a_pickled_id_map_is_never_loaded(tmp_path, make_record):
     with pytest.raises(BadInputError, match="pickle, which xmodal never loads.*imgid2idx.json"):
         list(read_hdf5(tmp_path / "train36.hdf5"))
     assert not marker.exists()
+    # given explicitly with --ids, under any name, it is named as a pickle too and still never loaded
+    for name in ("train36_imgid2idx.pkl", "ids.json"):
+        (tmp_path / name).write_bytes(pickle.dumps(Payload()))
+        with pytest.raises(BadInputError, match=f"{name} is a pickle, which xmodal never loads.*as JSON"):
+            list(read_hdf5(tmp_path / "train36.hdf5", ids=tmp_path / name))
+    assert not marker.exists()
+    (tmp_path / "bytes.txt").write_bytes(b"img\xff\xfe")
+    with pytest.raises(BadInputError, match="bytes.txt: not a JSON .* or a text file of ids"):
+        list(read_hdf5(tmp_path / "train36.hdf5", ids=tmp_path / "bytes.txt"))
 
 
 def test_own_export_round_trips_and_reads_as_butd(tmp_path, make_record, same):
