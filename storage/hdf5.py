@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,8 @@ from storage.records import CLASS_PROBS_DTYPE, UNKNOWN_LABEL, RegionFeatures
 
 H5_FORMAT = "xmodal-region-features-h5"
 H5_FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
 _BLOCK = 64  # rows read per HDF5 call when importing
 _LABEL_FIELDS = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
 
@@ -34,6 +37,8 @@ def read_hdf5(
                     f"{path}: HDF5 export format version {version} is newer than this xmodal reads "
                     f"({H5_FORMAT_VERSION}): upgrade xmodal"
                 )
+            if ids is not None:
+                log.warning("%s: --ids %s ignored: an xmodal HDF5 export carries its own ids", path, ids)
             yield from _read_xmodal(f, path)
         elif "image_features" in f and "image_bb" in f:
             yield from _read_butd(f, path, _row_ids(path, ids, f))

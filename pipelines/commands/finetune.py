@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"xmodal finetune: {exc}", file=sys.stderr)
         return 1
     best = summary.get("best")
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun every rank runs this command: rank 0 says
+        return 0
     if best:
         print(
             f"fine-tuned to step {summary['step']}; best {best['metric']} {best['value']:.2f} at step "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,5 +37,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal pretrain: {exc}", file=sys.stderr)
         return 1
-    print(f"pre-trained to step {summary['step']}: {out / 'last'}")
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this command
+        print(f"pre-trained to step {summary['step']}: {out / 'last'}")
     return 0

@@ -107,7 +107,7 @@ def test_a_pickled_id_map_is_never_loaded(tmp_path, make_record):
         list(read_hdf5(tmp_path / "train36.hdf5", ids=tmp_path / "bytes.txt"))
 
 
-def test_own_export_round_trips_and_reads_as_butd(tmp_path, make_record, same):
+def test_own_export_round_trips_and_reads_as_butd(tmp_path, make_record, same, caplog):
     recs = [make_record(i, num_boxes=n) for i, n in enumerate([36, 3, 0, 50])]
     with FeatureWriter(tmp_path / "s", feature_dim=64, max_boxes=50, meta={"detector": "x"}) as w:
         for rec in recs:
@@ -129,6 +129,10 @@ def test_own_export_round_trips_and_reads_as_butd(tmp_path, make_record, same):
     assert len(r) == 4 and r.max_boxes == 50
     for rec in recs:
         same(r[rec.img_id], rec)
+    (tmp_path / "ids.txt").write_text("a\nb\nc\nd\n")
+    with caplog.at_level("WARNING", logger="storage.hdf5"):  # the file's own ids win, and that is said
+        ids = [img_id for img_id, _ in read_hdf5(tmp_path / "out.h5", ids=tmp_path / "ids.txt")]
+    assert "--ids" in caplog.text and "ignored" in caplog.text and "a" not in ids
 
 
 def test_unknown_hdf5_layout_is_named(tmp_path):
