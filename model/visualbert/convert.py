@@ -1,4 +1,5 @@
-"""transformers VisualBERT directories (config.json + weights) into xmodal models, with a full name report.
+"""transformers VisualBERT directories (config.json + weights) into xmodal models, with a full name report,
+and xmodal VisualBERT directories back into transformers' layout.
 
 Module names are transformers' own, so a weight maps to itself; only the backbone prefix changes
 (`visual_bert.` in the task classes, none in `VisualBertModel`) and the tied masked-LM decoder
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from ..foreign import ConversionReport, read_weights
-from ..pretrained import Checkpoint
+from ..pretrained import Checkpoint, read_checkpoint
 from .config import VisualBertConfig
 from .heads import VisualBertForNLVR2, VisualBertForQuestionAnswering
 from .modeling import VisualBert
@@ -171,14 +173,72 @@ def read_hf_dir(directory: str | Path) -> tuple[nn.Module, ConversionReport]:
     return model, load_hf_state(model, hf, str(directory))
 
 
-def convert_visualbert(src: str | Path, dst_dir: str | Path) -> Path:
-    """A transformers VisualBERT directory (`uclanlp/visualbert-vqa-coco-pre`, say) -> an xmodal directory.
-    Every weight name is accounted for in the log (loaded, tied, missing, unused)."""
+def convert_visualbert(
+    src: str | Path, dst_dir: str | Path, to_hf: bool = False, num_answers: int | None = None
+) -> Path:
+    """A transformers VisualBERT directory (`uclanlp/visualbert-vqa-coco-pre`, say) -> an xmodal directory,
+    every weight name accounted for in the log (loaded, tied, missing, unused); with `to_hf`, an xmodal (or
+    transformers) VisualBERT directory -> transformers' layout, which its VisualBert* classes load as it is.
+    `num_answers`: the size of the answer table meant to label the QA head, checked before anything is
+    written."""
     src, dst = Path(src), Path(dst_dir)
     if not src.is_dir():
-        raise FileNotFoundError(f"{src} is not a directory: give a transformers VisualBERT directory")
-    model, report = read_hf_dir(src)
+        raise FileNotFoundError(f"{src} is not a directory: give a VisualBERT checkpoint directory")
+    model, report = (_load_any(src), None) if to_hf else read_hf_dir(src)
+    if num_answers is not None and getattr(model, "num_answers", None) != num_answers:
+        rows = getattr(model, "num_answers", None)
+        what = f"its QA head has {rows} answers" if rows else f"a {type(model).__name__} has no QA head"
+        raise ValueError(
+            f"{src}: {what}, but the answer table {num_answers}; give the table it was tuned with"
+        )
+    if to_hf:
+        return export_hf(model, dst)
     report.log()
     model.save_pretrained(dst)
     log.info("converted %s (%s) -> %s", src, type(model).__name__, dst)
+    return dst
+
+
+def _load_any(src: Path) -> nn.Module:
+    """Our model from an xmodal VisualBERT directory, or from a transformers one."""
+    architecture, config, kwargs, state = read_checkpoint(src)
+    classes = {cls.__name__: cls for cls in HF_ARCHITECTURES.values()}
+    if architecture not in classes:
+        raise ValueError(f"{src} holds a {architecture}, not a VisualBERT model: convert it with its family")
+    model = classes[architecture](VisualBertConfig.from_dict(config), **kwargs)
+    model.load_state_dict(state)
+    return model
+
+
+def to_hf_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s weights under transformers' names: its own names, plus the masked-LM decoder that
+    transformers stores beside the word table it is tied to (a copy: safetensors keeps no shared tensors)."""
+    state = {name: value.detach().contiguous() for name, value in model.state_dict().items()}
+    if isinstance(model, VisualBertForPreTraining):
+        for name, original in _TIED.items():
+            state[name] = state[original].clone()
+    return state
+
+
+def export_hf(model: nn.Module, dst: Path) -> Path:
+    """`dst` as transformers' `save_pretrained` writes a VisualBERT: config.json and model.safetensors."""
+    names = {cls: name for name, cls in HF_ARCHITECTURES.items()}
+    architecture = names[type(model)]
+    cfg = model.config
+    hf_config: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": "visual_bert",
+        "hidden_act": "gelu",
+        "bypass_transformer": False,
+        **{k: getattr(cfg, k) for k in _CONFIG_FIELDS},
+        "visual_embedding_dim": cfg.visual_feat_dim,
+    }
+    if isinstance(model, VisualBertForQuestionAnswering):
+        hf_config["num_labels"] = model.num_answers
+    elif isinstance(model, VisualBertForNLVR2):
+        hf_config["num_labels"] = 2
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    save_file(to_hf_state(model), str(dst / "model.safetensors"), metadata={"format": "pt"})
+    log.info("exported %s -> transformers %s", architecture, dst)
     return dst

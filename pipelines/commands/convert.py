@@ -84,9 +84,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the file does not store it: hidden size / 64 unless given (12 for base, 16 for large)",
     )
-    vsb = sub.add_parser("visualbert", help="transformers VisualBERT directory -> xmodal directory")
-    vsb.add_argument("src", help="a directory with config.json and model.safetensors or pytorch_model.bin")
+    vsb = sub.add_parser(
+        "visualbert", help="transformers VisualBERT directory -> xmodal directory (or back with --to-hf)"
+    )
+    vsb.add_argument(
+        "src",
+        help="a transformers directory (config.json and model.safetensors or pytorch_model.bin), or "
+        "with --to-hf an xmodal one (runs/vqa/best)",
+    )
     vsb.add_argument("dst", help="output directory")
+    vsb.add_argument(
+        "--to-hf",
+        action="store_true",
+        help="export to transformers' layout, with the tokenizer files and id2label/label2id, so "
+        "AutoTokenizer and transformers' VisualBert* classes load DST as it is",
+    )
+    vsb.add_argument("--vocab", help="with --to-hf: the vocab.txt to write (default: SRC's vocab.txt)")
+    vsb.add_argument(
+        "--answers",
+        metavar="FILE",
+        help="with --to-hf: the QA head's answer table (default: SRC's ans2label.json)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,9 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"{convert_vlbert(args.src, args.dst, args.num_attention_heads)}: converted")
         elif args.kind == "visualbert":
-            from model.visualbert import convert_visualbert
-
-            print(f"{convert_visualbert(args.src, args.dst)}: converted")
+            _convert_visualbert(args)
         else:
             _convert_lxmert(args)
     except (ValueError, OSError, SafetensorError) as exc:
@@ -117,26 +133,50 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _convert_lxmert(args: argparse.Namespace) -> None:
-    from model import convert_lxmert
+def _hf_extras(args: argparse.Namespace, src: Path):
+    """The answer table (`--answers`, or with --to-hf SRC's) and, with --to-hf, the tokenizer to write:
+    read before anything is written, so a bad one fails first."""
     from pipelines.data.answers import ANSWERS_FILE, AnswerTable
     from pipelines.data.text import load_tokenizer
 
-    src = Path(args.src)
-    table = AnswerTable.load(args.answers) if args.answers else None  # a bad table fails before any writing
+    table = AnswerTable.load(args.answers) if args.answers else None
     if table is None and args.to_hf and (src / ANSWERS_FILE).is_file():
         table = AnswerTable.load(src / ANSWERS_FILE)
-    tokenizer = None
-    if args.to_hf:  # a HuggingFace directory without its tokenizer maps every word to [UNK]
-        vocab = args.vocab or (src / "vocab.txt" if (src / "vocab.txt").is_file() else None)
-        if vocab is None:
-            raise ValueError(
-                f"{src} has no vocab.txt for the exported tokenizer: pass --vocab (bert-base-uncased's "
-                "vocab.txt for the release files)"
-            )
-        tokenizer = load_tokenizer(vocab)
-    elif args.vocab:
-        raise ValueError("--vocab only applies with --to-hf")
+    if not args.to_hf:
+        if args.vocab:
+            raise ValueError("--vocab only applies with --to-hf")
+        return None, table
+    # a HuggingFace directory without its tokenizer maps every word to [UNK]
+    vocab = args.vocab or (src / "vocab.txt" if (src / "vocab.txt").is_file() else None)
+    if vocab is None:
+        raise ValueError(
+            f"{src} has no vocab.txt for the exported tokenizer: pass --vocab (bert-base-uncased's "
+            "vocab.txt for the release files)"
+        )
+    return load_tokenizer(vocab), table
+
+
+def _convert_visualbert(args: argparse.Namespace) -> None:
+    from model.visualbert import convert_visualbert
+
+    if args.answers and not args.to_hf:
+        raise ValueError("--answers only applies with --to-hf (a transformers directory names its answers)")
+    tokenizer, table = _hf_extras(args, Path(args.src))
+    num_answers = len(table) if table is not None else None
+    dst = convert_visualbert(args.src, args.dst, to_hf=args.to_hf, num_answers=num_answers)
+    if tokenizer is not None:
+        _finish_hf_directory(Path(dst), tokenizer, table)
+    elif (Path(args.src) / "vocab.txt").is_file():  # fine-tuning from dst then uses the model's vocabulary
+        shutil.copyfile(Path(args.src) / "vocab.txt", Path(dst) / "vocab.txt")
+    print(f"{dst}: converted")
+
+
+def _convert_lxmert(args: argparse.Namespace) -> None:
+    from model import convert_lxmert
+    from pipelines.data.answers import ANSWERS_FILE
+
+    src = Path(args.src)
+    tokenizer, table = _hf_extras(args, src)
     dst = convert_lxmert(
         args.src, args.dst, to_hf=args.to_hf, num_answers=len(table) if table is not None else None
     )
