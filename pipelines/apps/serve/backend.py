@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipelines.apps.ask import ask, build_detector, detector_settings
-from pipelines.apps.caption import caption_regions
+from pipelines.apps.caption import CaptionResult, caption_regions
 from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
@@ -45,15 +45,6 @@ class Answered:
     attention: np.ndarray
 
 
-@dataclass
-class Captioned:
-    """The best beam's caption, its words and each word's attention over the regions (W, N)."""
-
-    caption: str
-    words: list[str]
-    attentions: np.ndarray
-
-
 class Backend:
     """One detector, and a question-answering model (`answerer`), a captioner, or both; `detect` takes a
     batch of images, `answer` and `caption` one image each."""
@@ -85,12 +76,11 @@ class Backend:
         result = ask(self.answerer.tuned, regions, question, top_k)
         return Answered(result.answers, np.asarray(result.attention, dtype=np.float32))
 
-    def caption(self, regions: RegionFeatures, beam_size: int) -> Captioned:
+    def caption(self, regions: RegionFeatures, beam_size: int) -> CaptionResult:
         """The captioner's description of the image whose detector output is `regions`."""
         if self.captioner is None:
             raise LookupError("this server holds no captioner")
-        result = caption_regions(self.captioner.tuned, regions, beam_size)
-        return Captioned(result.caption, result.words, np.asarray(result.attentions, dtype=np.float32))
+        return caption_regions(self.captioner.tuned, regions, beam_size)
 
     def describe(self) -> dict:
         """What is loaded, for `GET /api/health`."""

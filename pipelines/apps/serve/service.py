@@ -7,7 +7,8 @@ import contextlib
 
 import numpy as np
 
-from pipelines.apps.serve.backend import Answered, Backend, Captioned
+from pipelines.apps.caption import CaptionResult
+from pipelines.apps.serve.backend import Answered, Backend
 from pipelines.apps.serve.batching import Batcher
 from pipelines.apps.serve.config import ServeConfig
 from storage import RegionFeatures
@@ -83,7 +84,9 @@ class Service:
         )
         return regions, answered
 
-    async def caption(self, image: np.ndarray, name: str, beam_size: int) -> tuple[RegionFeatures, Captioned]:
+    async def caption(
+        self, image: np.ndarray, name: str, beam_size: int
+    ) -> tuple[RegionFeatures, CaptionResult]:
         regions = await self.regions(image, name)
         work = (self.backend.caption, regions, beam_size)
         captioned = await asyncio.wrap_future(self.model.submit(work))
