@@ -3,6 +3,8 @@
 Each FrozenBatchNorm is folded into its convolution's weights and bias when weights are loaded (the
 checkpoint keeps detectron2's `conv.weight` / `conv.norm.*` names), so a block is conv -> relu_ three
 times plus one in-place residual add; convolutions run channels-last, oneDNN's native CPU layout.
+In training, a convolution whose weight takes gradients scales it by the frozen norm inside autograd
+(the same arithmetic), and the folded copy is rebuilt after the optimizer has changed the weight.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Conv2d(nn.Conv2d):
         self.register_buffer("folded_weight", torch.empty_like(self.weight), persistent=False)
         self.register_buffer("folded_bias", torch.empty(out_ch), persistent=False)
         self.register_load_state_dict_post_hook(_refold)
+        self._folded_version = -1
         self.fold()
 
     @torch.no_grad()
@@ -55,11 +58,24 @@ class Conv2d(nn.Conv2d):
         weight = (self.weight.double() * scale.view(-1, 1, 1, 1)).to(self.weight.dtype)
         self.folded_weight = weight.contiguous(memory_format=torch.channels_last)
         self.folded_bias = shift.to(self.weight.dtype)
+        self._folded_version = _version(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.requires_grad and torch.is_grad_enabled():
+            scale, shift = self.norm.scale_and_shift()
+            weight = self.weight * scale.to(self.weight.dtype).view(-1, 1, 1, 1)
+            bias = shift.to(self.weight.dtype)
+            return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        if self._folded_version != _version(self.weight):  # an optimizer step changed the weight in place
+            self.fold()
         return F.conv2d(
             x, self.folded_weight, self.folded_bias, self.stride, self.padding, self.dilation, self.groups
         )
+
+
+def _version(t: torch.Tensor) -> int:
+    """The in-place version counter (tensors made under inference mode have none, and never change)."""
+    return -2 if t.is_inference() else t._version
 
 
 def _refold(module: Conv2d, incompatible_keys) -> None:
@@ -131,3 +147,10 @@ class ResNetC4(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x.contiguous(memory_format=torch.channels_last))
         return self.res4(self.res3(self.res2(x)))
+
+    def freeze(self, freeze_at: int) -> None:
+        """detectron2's FREEZE_AT: 1 freezes the stem, 2 the stem and res2, ... (0 freezes nothing)."""
+        stages = [self.stem, self.res2, self.res3, self.res4][:freeze_at]
+        for stage in stages:
+            for p in stage.parameters():
+                p.requires_grad_(False)

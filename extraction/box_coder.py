@@ -16,6 +16,24 @@ class BoxCoder:
         self.weights = weights
         self.scale_clamp = scale_clamp
 
+    def encode(self, boxes: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The (R, 4) deltas that take reference `boxes` to `targets` (detectron2's get_deltas), float32."""
+        boxes, targets = boxes.float(), targets.float()
+        widths = boxes[:, 2] - boxes[:, 0]
+        heights = boxes[:, 3] - boxes[:, 1]
+        ctr_x = boxes[:, 0] + 0.5 * widths
+        ctr_y = boxes[:, 1] + 0.5 * heights
+        t_widths = targets[:, 2] - targets[:, 0]
+        t_heights = targets[:, 3] - targets[:, 1]
+        t_ctr_x = targets[:, 0] + 0.5 * t_widths
+        t_ctr_y = targets[:, 1] + 0.5 * t_heights
+        wx, wy, ww, wh = self.weights
+        dx = wx * (t_ctr_x - ctr_x) / widths
+        dy = wy * (t_ctr_y - ctr_y) / heights
+        dw = ww * torch.log(t_widths / widths)
+        dh = wh * torch.log(t_heights / heights)
+        return torch.stack((dx, dy, dw, dh), dim=1)
+
     def decode(self, deltas: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """deltas (R, 4k) for boxes (R, 4) -> (R, 4k) decoded boxes, in float32."""
         deltas = deltas.float()

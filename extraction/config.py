@@ -79,14 +79,97 @@ class DetectorConfig:
         return {name: getattr(self, name) for name in ARCHITECTURE_FIELDS}
 
 
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How the detector trains: detectron2's R-C4 defaults (configs/Base-RCNN-C4.yaml, config/defaults.py)
+    and bottom-up attention's attribute loss weight (see `extraction.predictor.attribute_loss`)."""
+
+    rpn_iou_thresholds: tuple[float, float] = (0.3, 0.7)  # below: negative, above: positive
+    rpn_batch_size: int = 256  # anchors sampled per image
+    rpn_positive_fraction: float = 0.5
+    rpn_pre_nms_topk: int = 12000
+    rpn_post_nms_topk: int = 2000
+    roi_batch_size: int = 512  # RoIs sampled per image
+    roi_positive_fraction: float = 0.25
+    roi_iou_threshold: float = 0.5
+    attr_loss_weight: float = 0.5
+    freeze_at: int = 2  # the stem and res2 keep their weights
+    min_sizes: tuple[int, ...] = (640, 672, 704, 736, 768, 800)  # shortest edge, one drawn per image
+    max_size: int = 1333
+    flip_prob: float = 0.5
+
+    def __post_init__(self) -> None:
+        low, high = self.rpn_iou_thresholds
+        if not 0 <= low <= high <= 1:
+            raise ValueError(
+                f"rpn_iou_thresholds must be 0 <= low <= high <= 1, got {self.rpn_iou_thresholds}"
+            )
+        for name in ("rpn_positive_fraction", "roi_positive_fraction", "roi_iou_threshold", "flip_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("rpn_batch_size", "rpn_pre_nms_topk", "rpn_post_nms_topk", "roi_batch_size", "max_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.min_sizes or min(self.min_sizes) < 1 or max(self.min_sizes) > self.max_size:
+            raise ValueError(f"min_sizes must be positive sizes <= max_size, got {self.min_sizes}")
+        if not 0 <= self.freeze_at <= 4:
+            raise ValueError(f"freeze_at must be 0..4 (stem, res2, res3, res4), got {self.freeze_at}")
+        if self.attr_loss_weight < 0:
+            raise ValueError(f"attr_loss_weight must be >= 0, got {self.attr_loss_weight}")
+
+
 DEFAULT_PRESET = "vg-r101-c4"
+SMALL_PRESET = "c4-small"
 
 PRESETS: dict[str, DetectorConfig] = {
     # LXMERT's extraction settings (bottom-up attention test config: 600/1000, 300 proposals)
     DEFAULT_PRESET: DetectorConfig(),
     # the same network at detectron2's stock test settings
     "vg-r101-c4-d2": DetectorConfig(min_size=800, max_size=1333, post_nms_topk=1000),
+    # the same C4 design, narrow and shallow, for small images: trains on 2 CPU cores in minutes
+    SMALL_PRESET: DetectorConfig(
+        stem_channels=16,
+        res2_channels=32,
+        bottleneck_channels=8,
+        blocks_per_stage=(1, 1, 1),
+        res5_blocks=1,
+        anchor_sizes=(16.0, 32.0, 64.0, 128.0),
+        rpn_channels=64,
+        pooler_resolution=7,
+        num_classes=3,
+        num_attributes=4,
+        attr_embed_dim=32,
+        attr_hidden_dim=64,
+        min_size=224,
+        max_size=384,
+        pre_nms_topk=1000,
+        post_nms_topk=100,
+    ),
 }
+
+TRAINING_PRESETS: dict[str, TrainingConfig] = {
+    DEFAULT_PRESET: TrainingConfig(),
+    "vg-r101-c4-d2": TrainingConfig(),
+    SMALL_PRESET: TrainingConfig(
+        rpn_pre_nms_topk=2000,
+        rpn_post_nms_topk=300,
+        roi_batch_size=128,
+        min_sizes=(192, 208, 224, 240, 256),
+        max_size=384,
+    ),
+}
+
+
+def training_config(preset: str, **overrides) -> TrainingConfig:
+    """The preset's training settings with `overrides` (fields of TrainingConfig) applied."""
+    if preset not in TRAINING_PRESETS:
+        raise ValueError(f"unknown detector preset {preset!r}; choose one of {sorted(TRAINING_PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(TrainingConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown detector training setting(s) {unknown}; valid: {sorted(fields)}")
+    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    return dataclasses.replace(TRAINING_PRESETS[preset], **overrides)
 
 
 def preset_config(preset: str) -> DetectorConfig:
@@ -95,11 +178,26 @@ def preset_config(preset: str) -> DetectorConfig:
     return PRESETS[preset]
 
 
+def config_from_dict(data: dict) -> DetectorConfig:
+    """A DetectorConfig from its `dataclasses.asdict` form (JSON lists back to tuples); unknown keys are
+    refused by name."""
+    fields = {f.name for f in dataclasses.fields(DetectorConfig)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ValueError(f"unknown detector config key(s) {unknown}")
+    return DetectorConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
 def resolve_config(
-    preset: str, selection: str = "caffe", min_boxes: int = 36, max_boxes: int = 36, **overrides
+    preset: str,
+    selection: str = "caffe",
+    min_boxes: int = 36,
+    max_boxes: int = 36,
+    base: DetectorConfig | None = None,
+    **overrides,
 ) -> tuple[DetectorConfig, SelectionConfig]:
-    """The preset with `overrides` applied; each override names a field of either config."""
-    base = preset_config(preset)
+    """The preset (or `base`) with `overrides` applied; each override names a field of either config."""
+    base = base if base is not None else preset_config(preset)
     det_fields = {f.name for f in dataclasses.fields(DetectorConfig)}
     sel_fields = {f.name for f in dataclasses.fields(SelectionConfig)} - {"rule", "min_boxes", "max_boxes"}
     unknown = sorted(set(overrides) - det_fields - sel_fields)

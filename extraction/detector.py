@@ -13,13 +13,25 @@ import numpy as np
 import torch
 
 from extraction.box_coder import BoxCoder
-from extraction.config import DEFAULT_PRESET, DetectorConfig, resolve_config
+from extraction.config import (
+    ARCHITECTURE_FIELDS,
+    DEFAULT_PRESET,
+    DetectorConfig,
+    config_from_dict,
+    resolve_config,
+)
 from extraction.postprocess import to_record
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
 from extraction.rcnn import NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
 from extraction.selection import SelectionConfig
-from extraction.weights import load_detector_weights
+from extraction.weights import (
+    CheckpointError,
+    is_detector_dir,
+    load_detector_weights,
+    read_detector_dir,
+    weights_file,
+)
 from storage import RegionFeatures
 
 log = logging.getLogger(__name__)
@@ -28,7 +40,7 @@ STAGES = ("preprocess", *NETWORK_STAGES, "selection")
 RANDOM_WEIGHTS_WARNING = (
     "xmodal detector built with RANDOM weights (seed {seed}): its boxes, labels and features are "
     "meaningless for real use; pass weights=<faster_rcnn_from_caffe_attr.pkl | pytorch_model.bin | "
-    ".safetensors>"
+    ".safetensors> or a trained detector directory (xmodal detector train's RUN/best)"
 )
 
 
@@ -42,12 +54,16 @@ class Detector:
         selection: SelectionConfig,
         preset: str,
         weights: dict,
+        classes: list[str] | None = None,
+        attributes: list[str] | None = None,
     ):
         self.model = model
         self.config = config
         self.selection = selection
         self.preset = preset
         self._weights = weights
+        self.classes = classes  # object and attribute names where the weights carry them
+        self.attributes = attributes
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
     @classmethod
@@ -62,8 +78,23 @@ class Detector:
         strict: bool = True,
         **overrides,
     ) -> Detector:
-        """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig."""
-        config, sel = resolve_config(preset, selection, min_boxes, max_boxes, **overrides)
+        """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig.
+
+        `weights` may be a detector directory (detector.json + model.safetensors): its own architecture
+        and class and attribute names are used, and `preset` names only where the settings started."""
+        base = classes = attributes = None
+        if weights is not None and is_detector_dir(weights):
+            meta = read_detector_dir(weights)
+            base, preset = config_from_dict(meta["config"]), meta["preset"]
+            classes, attributes = meta["classes"], meta["attributes"]
+            changed = sorted(
+                k for k in overrides if k in ARCHITECTURE_FIELDS and overrides[k] != getattr(base, k)
+            )
+            if changed:
+                raise CheckpointError(
+                    f"{weights}: {changed} would change the trained network's architecture; leave them out"
+                )
+        config, sel = resolve_config(preset, selection, min_boxes, max_boxes, base=base, **overrides)
         model = VGFasterRCNN(config)
         if weights is None:
             init_random_weights(model, RANDOM_SEED)
@@ -72,10 +103,10 @@ class Detector:
             log.warning(message)
             info = weights_record(None, RANDOM_SEED)
         else:
-            report = load_detector_weights(model, weights, strict=strict)
-            info = weights_record(weights, RANDOM_SEED, report.summary())
+            report = load_detector_weights(model, weights_file(weights), strict=strict)
+            info = weights_record(weights, RANDOM_SEED, report.summary(), classes, attributes)
         model.eval().to(torch.device(device))
-        return cls(model, config, sel, preset, info)
+        return cls(model, config, sel, preset, info, classes, attributes)
 
     @property
     def device(self) -> torch.device:

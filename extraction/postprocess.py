@@ -84,3 +84,35 @@ def to_record(
 
 def _numpy(x: torch.Tensor, dtype: type) -> np.ndarray:
     return x.cpu().numpy().astype(dtype)
+
+
+@dataclass
+class Detections:
+    """One image's detections in network-input pixels: boxes (D, 4), scores (D,), classes (D,) 0..C-1."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    classes: torch.Tensor
+
+
+def detections(
+    out: ImageOutputs,
+    input_hw: tuple[int, int],
+    coder: BoxCoder,
+    score_thresh: float = 0.05,
+    nms_thresh: float = 0.5,
+    topk: int = 100,
+) -> Detections:
+    """detectron2's fast_rcnn_inference for one image: every (proposal, class) pair scoring above
+    `score_thresh` with that class's regressed box, per-class NMS, the `topk` best (its test defaults)."""
+    from torchvision.ops import batched_nms
+
+    decoded = decode(out, input_hw, coder, with_boxes=True)
+    probs = decoded.probs[:, :-1]
+    keep = probs > score_thresh
+    rows, classes = keep.nonzero(as_tuple=True)
+    boxes, scores = decoded.boxes[rows, classes], probs[rows, classes]
+    finite = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores)
+    boxes, scores, classes = boxes[finite], scores[finite], classes[finite]
+    kept = batched_nms(boxes, scores, classes, nms_thresh)[:topk]
+    return Detections(boxes[kept], scores[kept], classes[kept])

@@ -22,11 +22,23 @@ DETECTOR_NAME = "vg-faster-rcnn-r101-c4"
 SELECTION_ARGUMENTS = {"rule": "selection", "min_boxes": "min_boxes", "max_boxes": "max_boxes"}
 
 
-def weights_record(path: str | Path | None, seed: int, report: dict | None = None) -> dict:
-    """The weights part of the provenance: the file and its sha256, or "random" and the seed."""
+def weights_record(
+    path: str | Path | None,
+    seed: int,
+    report: dict | None = None,
+    classes: list[str] | None = None,
+    attributes: list[str] | None = None,
+) -> dict:
+    """The weights part of the provenance: the file (or detector directory) and the sha256 of its tensors,
+    and the class and attribute names where the weights carry them; or "random" and the seed."""
     if path is None:
         return {"path": "random", "sha256": None, "seed": seed}
-    return {"path": str(path), "sha256": sha256(Path(path)), "report": report}
+    from extraction.weights import weights_file
+
+    record = {"path": str(path), "sha256": sha256(weights_file(path)), "report": report}
+    if classes is not None:
+        record["classes"], record["attributes"] = list(classes), list(attributes or [])
+    return record
 
 
 def provenance(
@@ -48,6 +60,11 @@ def provenance(
         "min_boxes": selection.min_boxes,
         "max_boxes": selection.max_boxes,
         "feature_dim": int(feature_dim),
+        **(
+            {"classes": weights["classes"], "attributes": weights["attributes"]}
+            if "classes" in weights
+            else {}
+        ),
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -86,7 +103,7 @@ def detector_settings(recorded: dict) -> dict:
     path = recorded.get("weights")
     weights = None
     if path and path != "random":
-        if Path(path).is_file():
+        if Path(path).is_file() or Path(path).is_dir():
             weights = path
             log.info("using the detector weights the features were made with: %s", path)
         else:

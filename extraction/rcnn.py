@@ -1,5 +1,6 @@
 """The whole network with detectron2's module names (backbone, proposal_generator, roi_heads) and its
-forward: normalised images -> each image's proposals and their RoI outputs."""
+forward: normalised images -> each image's proposals and their RoI outputs, or, given ground truth,
+detectron2's training losses."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import torch
 from torch import nn
 
 from extraction.backbone import Conv2d, ResNetC4
-from extraction.config import DetectorConfig
+from extraction.box_coder import BoxCoder
+from extraction.config import DetectorConfig, TrainingConfig
 from extraction.roi_heads import Res5ROIHeads
 from extraction.rpn import RPN
+from extraction.sampling import Matcher
 
 RANDOM_SEED = 0
 StageTimer = Callable[[str], contextlib.AbstractContextManager]
@@ -68,20 +71,30 @@ class VGFasterRCNN(nn.Module):
             cfg.attr_embed_dim,
             cfg.attr_hidden_dim,
         )
+        self.roi_box_coder = BoxCoder(cfg.bbox_reg_weights)
 
     @property
     def feature_dim(self) -> int:
         """Width of a region feature (res5's output channels)."""
         return self.roi_heads.out_channels
 
-    def forward(self, images: list[torch.Tensor], stage: StageTimer = _untimed) -> list[ImageOutputs]:
-        """Normalised images, each (3, h, w) at its own size -> each image's outputs.
+    def forward(
+        self,
+        images: list[torch.Tensor],
+        stage: StageTimer = _untimed,
+        targets: list[dict] | None = None,
+        train_cfg: TrainingConfig | None = None,
+    ) -> list[ImageOutputs] | dict[str, torch.Tensor]:
+        """Normalised images, each (3, h, w) at its own size -> each image's outputs; with `targets`, the
+        training losses instead (`training_losses`).
 
         Images run one at a time: an image's outputs never depend on its batch-mates (a padded batch
         changes the convolutions' rounding, and near-tied proposals then flip), and on CPU a batch buys
         nothing since the RoI head, ~90 % of the work, already batches an image's 300 regions.
         `stage(name)` wraps each of NETWORK_STAGES (the detector times them with it).
         """
+        if targets is not None:
+            return self.training_losses(images, targets, train_cfg or TrainingConfig())
         out = []
         with self._autocast(images[0].device if images else torch.device("cpu")):
             for image in images:
@@ -95,6 +108,78 @@ class VGFasterRCNN(nn.Module):
                     ImageOutputs(boxes, objectness, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits)
                 )
         return out
+
+    def evaluate_image(self, image: torch.Tensor, boxes: torch.Tensor) -> tuple[ImageOutputs, torch.Tensor]:
+        """One image's outputs, and the attribute logits (N, A+1) of the given boxes (N, 4) in input pixels
+        with the class predicted for each, as at test time (attribute accuracy on ground-truth boxes)."""
+        with self._autocast(image.device):
+            features = self.backbone(image[None])
+            proposals, objectness = self.proposal_generator(features, tuple(image.shape[-2:]))
+            roi = self.roi_heads(features, proposals)
+            given = self.roi_heads(features, boxes.float()) if boxes.numel() else None
+        out = ImageOutputs(proposals, objectness, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits)
+        attrs = given.attr_logits if given is not None else roi.attr_logits[:0]
+        return out, attrs
+
+    def training_losses(
+        self, images: list[torch.Tensor], targets: list[dict], cfg: TrainingConfig
+    ) -> dict[str, torch.Tensor]:
+        """detectron2's R-C4 training step on a batch, plus the attribute loss.
+
+        Each target holds `boxes` (N, 4) in input pixels, `classes` (N,) 0..C-1, `attributes` (N, K) ids
+        padded with -1, and optionally `seed`: the anchor and RoI samples of that image are then drawn from
+        it (so they do not depend on how images are split over workers); otherwise from torch's global RNG.
+        Proposals are the RPN's own (train-time top-k, no gradient) with the ground-truth boxes appended.
+        Returns loss_rpn_cls, loss_rpn_loc, loss_cls, loss_box_reg, loss_attr.
+        """
+        if len(images) != len(targets):
+            raise ValueError(f"got {len(images)} images but {len(targets)} targets")
+        rpn = self.proposal_generator
+        anchor_matcher = Matcher(list(cfg.rpn_iou_thresholds), [0, -1, 1], allow_low_quality_matches=True)
+        roi_matcher = Matcher([cfg.roi_iou_threshold], [0, 1])
+        features, scores, deltas, anchors, labels, matched, sampled = [], [], [], [], [], [], []
+        with self._autocast(images[0].device):
+            for image, target in zip(images, targets, strict=True):
+                generator = None
+                if target.get("seed") is not None:
+                    generator = torch.Generator().manual_seed(int(target["seed"]))
+                gt_boxes = target["boxes"].float()
+                f = self.backbone(image[None])
+                s, d = rpn.head_outputs(f)
+                a = rpn.anchor_generator(*f.shape[-2:])
+                lab, m = rpn.label_anchors(
+                    a, gt_boxes, anchor_matcher, cfg.rpn_batch_size, cfg.rpn_positive_fraction, generator
+                )
+                with torch.no_grad():
+                    proposals, _ = rpn.proposals(
+                        s.detach(),
+                        d.detach(),
+                        tuple(f.shape[-2:]),
+                        tuple(image.shape[-2:]),
+                        cfg.rpn_pre_nms_topk,
+                        cfg.rpn_post_nms_topk,
+                    )
+                sampled.append(
+                    self.roi_heads.sample_proposals(
+                        proposals,
+                        gt_boxes,
+                        target["classes"].long(),
+                        target["attributes"].long(),
+                        roi_matcher,
+                        cfg.roi_batch_size,
+                        cfg.roi_positive_fraction,
+                        generator,
+                    )
+                )
+                features.append(f)
+                scores.append(s)
+                deltas.append(d)
+                anchors.append(a)
+                labels.append(lab)
+                matched.append(m)
+            losses = rpn.losses(scores, deltas, anchors, labels, matched, cfg.rpn_batch_size)
+            losses.update(self.roi_heads.losses(features, sampled, self.roi_box_coder, cfg.attr_loss_weight))
+        return losses
 
     def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         if self.dtype == "float32":

@@ -1,14 +1,16 @@
-"""Region proposal network: 3x3 conv head on res4 and detectron2's test-time proposal filtering."""
+"""Region proposal network: 3x3 conv head on res4, detectron2's proposal filtering, and in training its
+anchor labelling (IoU 0.3 / 0.7 with low-quality matches), anchor sampling and losses."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import nms
+from torchvision.ops import box_iou, nms
 
 from extraction.anchors import AnchorGenerator
 from extraction.box_coder import BoxCoder, clip_boxes, nonempty
+from extraction.sampling import IGNORE, Matcher, subsample_labels
 
 
 class RPNHead(nn.Module):
@@ -48,20 +50,80 @@ class RPN(nn.Module):
 
     def forward(self, features: torch.Tensor, image_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
         """One image's res4 map (1, C, h, w) -> (proposal boxes (R, 4) in input pixels, objectness (R,))."""
+        logits, deltas = self.head_outputs(features)
+        return self.proposals(logits, deltas, features.shape[-2:], image_hw)
+
+    def head_outputs(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-anchor objectness logits (A,) and deltas (A, 4), flattened (y, x, anchor) like detectron2."""
         # the head's weights are plain NCHW (a layout mixed with channels-last inputs runs slowest)
         logits, deltas = self.rpn_head(features.contiguous())
         num_anchors = self.anchor_generator.num_anchors
         fh, fw = features.shape[-2:]
-        # flattened (y, x, anchor) as detectron2 does
         scores = logits[0].permute(1, 2, 0).reshape(-1).float()
-        d = deltas[0].reshape(num_anchors, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4)
-        scores, idx = scores.topk(min(self.pre_nms_topk, scores.numel()))
-        anchors = self.anchor_generator(fh, fw)
-        boxes = self.box_coder.decode(d[idx], anchors[idx])
+        d = deltas[0].reshape(num_anchors, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4).float()
+        return scores, d
+
+    def proposals(
+        self,
+        scores: torch.Tensor,
+        deltas: torch.Tensor,
+        grid_hw: tuple[int, int],
+        image_hw: tuple[int, int],
+        pre_nms_topk: int | None = None,
+        post_nms_topk: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """top-k logits -> decode -> clip -> drop empty -> NMS -> top-k (the test-time k unless given)."""
+        pre = pre_nms_topk or self.pre_nms_topk
+        post = post_nms_topk or self.post_nms_topk
+        scores, idx = scores.topk(min(pre, scores.numel()))
+        anchors = self.anchor_generator(*grid_hw)
+        boxes = self.box_coder.decode(deltas[idx], anchors[idx])
         finite = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores)
         boxes, scores = boxes[finite], scores[finite]
         boxes = clip_boxes(boxes, *image_hw)
         keep = nonempty(boxes)
         boxes, scores = boxes[keep], scores[keep]
-        keep = nms(boxes, scores, self.nms_thresh)[: self.post_nms_topk]
+        keep = nms(boxes, scores, self.nms_thresh)[:post]
         return boxes[keep], scores[keep]
+
+    def label_anchors(
+        self,
+        anchors: torch.Tensor,
+        gt_boxes: torch.Tensor,
+        matcher: Matcher,
+        batch_size: int,
+        positive_fraction: float,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(label per anchor: 1 sampled positive, 0 sampled negative, -1 not sampled; matched box (A, 4))."""
+        matches, labels = matcher(box_iou(gt_boxes, anchors))
+        labels = labels.to(torch.int64)
+        pos, neg = subsample_labels(labels, batch_size, positive_fraction, 0, generator)
+        labels = torch.full_like(labels, IGNORE)
+        labels[pos], labels[neg] = 1, 0
+        matched = gt_boxes[matches] if gt_boxes.numel() else torch.zeros_like(anchors)
+        return labels, matched
+
+    def losses(
+        self,
+        scores: list[torch.Tensor],
+        deltas: list[torch.Tensor],
+        anchors: list[torch.Tensor],
+        labels: list[torch.Tensor],
+        matched_boxes: list[torch.Tensor],
+        batch_size: int,
+    ) -> dict[str, torch.Tensor]:
+        """detectron2's RPN losses over a batch of images: objectness BCE over the sampled anchors and L1
+        (smooth-L1 with beta 0) on the positives' deltas, both summed and divided by images x batch_size."""
+        scores_all, deltas_all, labels_all = torch.cat(scores), torch.cat(deltas), torch.cat(labels)
+        targets = torch.cat(
+            [self.box_coder.encode(a, m) for a, m in zip(anchors, matched_boxes, strict=True)]
+        )
+        pos = labels_all == 1
+        valid = labels_all >= 0
+        normalizer = batch_size * len(scores)
+        loss_loc = F.l1_loss(deltas_all[pos], targets[pos], reduction="sum")
+        loss_cls = F.binary_cross_entropy_with_logits(
+            scores_all[valid], labels_all[valid].to(scores_all.dtype), reduction="sum"
+        )
+        return {"loss_rpn_cls": loss_cls / normalizer, "loss_rpn_loc": loss_loc / normalizer}

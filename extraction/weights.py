@@ -236,3 +236,154 @@ def convert_detector_checkpoint(
     os.replace(tmp, dst)
     log.info("wrote %d tensors to %s", len(out), dst)
     return report
+
+
+# ---- xmodal detector directories (what `xmodal detector train` writes: RUN/best, RUN/last)
+DETECTOR_FILE = "detector.json"
+WEIGHTS_FILE = "model.safetensors"
+DIRECTORY_FORMAT = "xmodal-detector"
+# the predictor layers whose shapes follow the class list or the attribute list
+CLASS_HEADS = (
+    "roi_heads.box_predictor.cls_score",
+    "roi_heads.box_predictor.bbox_pred",
+    "roi_heads.box_predictor.cls_embedding",
+)
+ATTRIBUTE_HEADS = ("roi_heads.box_predictor.attr_score",)
+
+
+def is_detector_dir(path: str | Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / DETECTOR_FILE).is_file()
+
+
+def save_detector_dir(
+    model: nn.Module, config, preset: str, classes: list[str], attributes: list[str], directory: str | Path
+) -> None:
+    """Weights (safetensors, detectron2 names) and detector.json: the full config and the class and
+    attribute names, so extraction, pictures, `ask` and `serve` rebuild the same detector with names."""
+    import dataclasses
+    import json
+
+    from safetensors.torch import save_file
+
+    if len(classes) != config.num_classes or len(attributes) != config.num_attributes:
+        raise ValueError(
+            f"{len(classes)} class names / {len(attributes)} attribute names for a detector with "
+            f"{config.num_classes} classes / {config.num_attributes} attributes"
+        )
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": DIRECTORY_FORMAT, "preset": preset})
+    meta = {
+        "format": DIRECTORY_FORMAT,
+        "preset": preset,
+        "config": dataclasses.asdict(config),
+        "classes": list(classes),
+        "attributes": list(attributes),
+    }
+    (directory / DETECTOR_FILE).write_text(json.dumps(meta, indent=1))
+
+
+def read_detector_dir(directory: str | Path) -> dict:
+    """detector.json of an xmodal detector directory, checked: format, config, names."""
+    import json
+
+    path = Path(directory) / DETECTOR_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: cannot be read as JSON ({exc}); is this a detector run directory?"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != DIRECTORY_FORMAT:
+        raise CheckpointError(f"{path}: not an xmodal detector description (format {DIRECTORY_FORMAT!r})")
+    for key, kind in (("config", dict), ("classes", list), ("attributes", list), ("preset", str)):
+        if not isinstance(meta.get(key), kind):
+            raise CheckpointError(f"{path}: {key!r} is missing or not a {kind.__name__}")
+    if not (Path(directory) / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"{directory}: {WEIGHTS_FILE} is missing beside {DETECTOR_FILE}")
+    return meta
+
+
+def weights_file(path: str | Path) -> Path:
+    """The tensor file behind `path`: the file itself, or a detector directory's model.safetensors."""
+    return Path(path) / WEIGHTS_FILE if Path(path).is_dir() else Path(path)
+
+
+@dataclass
+class InitReport:
+    """What a training run took from its starting checkpoint."""
+
+    source: str
+    loaded: int = 0
+    rebuilt: list[str] = field(default_factory=list)  # heads left at their fresh init, with the reason
+    missing: list[str] = field(default_factory=list)  # other tensors the checkpoint lacks (fresh init)
+    unexpected: list[str] = field(default_factory=list)
+
+
+def init_from_checkpoint(
+    model: nn.Module,
+    path: str | Path,
+    classes: list[str] | None = None,
+    attributes: list[str] | None = None,
+) -> InitReport:
+    """Start training from a checkpoint: released VG weights, a backbone-only file or an xmodal detector
+    directory. Heads whose class or attribute list differs from the checkpoint's (by count, or by name
+    where the checkpoint records names) keep their fresh initialisation and are named in the report; every
+    other tensor of the same name and shape is loaded."""
+    state = read_checkpoint(weights_file(path))
+    report = InitReport(str(path))
+    names = read_detector_dir(path) if is_detector_dir(path) else {}
+    expected = model.state_dict()
+    drop: set[str] = set()
+    for heads, ours, theirs, what in (
+        (CLASS_HEADS, classes, names.get("classes"), "class"),
+        (ATTRIBUTE_HEADS, attributes, names.get("attributes"), "attribute"),
+    ):
+        for head in heads:
+            key = f"{head}.weight"
+            if key not in state or key not in expected:
+                continue
+            if tuple(state[key].shape) != tuple(expected[key].shape):
+                reason = f"{what} list of {_count(head, state[key])} vs {_count(head, expected[key])}"
+            elif ours is not None and theirs is not None and list(ours) != list(theirs):
+                reason = f"{what} names differ from the checkpoint's"
+            else:
+                continue
+            drop.update(k for k in state if k.startswith(head + "."))
+            report.rebuilt.append(f"{head} ({reason})")
+    for name, tensor in state.items():
+        if name.endswith("num_batches_tracked") or name == ANCHORS_KEY or name in drop:
+            continue
+        if name not in expected or tuple(tensor.shape) != tuple(expected[name].shape):
+            report.unexpected.append(name)
+    usable = {
+        k: v
+        for k, v in state.items()
+        if k in expected and k not in drop and tuple(v.shape) == tuple(expected[k].shape)
+    }
+    model.load_state_dict(usable, strict=False)
+    report.loaded = len(usable)
+    report.missing = [k for k in expected if k not in usable and not any(k.startswith(h + ".") for h in drop)]
+    for line in report.rebuilt:
+        log.info("rebuilt %s: it starts from a fresh initialisation", line)
+    if report.missing:
+        log.warning(
+            "%s lacks %d of the detector's tensors (fresh initialisation): %s",
+            path,
+            len(report.missing),
+            ", ".join(report.missing[:8]) + (" ..." if len(report.missing) > 8 else ""),
+        )
+    if report.unexpected:
+        log.warning(
+            "%s: %d tensors fit no part of this detector and were left out", path, len(report.unexpected)
+        )
+    return report
+
+
+def _count(head: str, weight: torch.Tensor) -> int:
+    """How many classes or attributes a head's weight is sized for."""
+    rows = int(weight.shape[0])
+    if head.endswith("bbox_pred"):
+        return rows // 4
+    return rows - 1  # cls_score, cls_embedding: + background; attr_score: + "no attribute"

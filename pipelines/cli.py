@@ -12,6 +12,7 @@ import sys
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("features", "inspect, verify, import, export, merge and draw region-feature stores"),
     ("extract", "extract region features from image folders with Ray"),
+    ("detector", "train and evaluate the detector on your own boxes and attributes"),
     ("submit", "submit any xmodal command to a Ray cluster as a Ray Job"),
     ("convert", "convert detector, LXMERT, ViLBERT, VL-BERT or VisualBERT checkpoints"),
     ("vocab", "build a WordPiece vocabulary"),

@@ -1,4 +1,5 @@
-"""The optimizers `train.optimizer` names: the LXMERT release's BertAdam and torch's AdamW."""
+"""The optimizers `train.optimizer` names: the LXMERT release's BertAdam, torch's AdamW, and SGD with
+momentum (detectron2's solver)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 BERTADAM_EPS = 1e-6  # the release's default `e`
 ADAMW_EPS = 1e-8  # torch's default
-OPTIMIZERS = ("bertadam", "adamw")
+SGD_MOMENTUM = 0.9  # detectron2's SOLVER.MOMENTUM
+OPTIMIZERS = ("bertadam", "adamw", "sgd")
 
 
 class BertAdam(torch.optim.Optimizer):
@@ -64,10 +66,15 @@ class BertAdam(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(name: str, groups: list[dict], lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """The optimizer `name` over parameter `groups` (each may carry its own weight_decay)."""
+def build_optimizer(
+    name: str, groups: list[dict], lr: float, weight_decay: float, *, momentum: float = SGD_MOMENTUM
+) -> torch.optim.Optimizer:
+    """The optimizer `name` over parameter `groups` (each may carry its own weight_decay); `momentum` is
+    SGD's (its weight decay is L2 added to the gradient, not decoupled, as in detectron2)."""
     if name == "bertadam":
         return BertAdam(groups, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=ADAMW_EPS)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {list(OPTIMIZERS)}")

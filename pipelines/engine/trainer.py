@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -28,7 +29,7 @@ from pipelines.engine.checkpoints import (
     replace_dir,
     step_dir,
 )
-from pipelines.engine.optimizers import build_optimizer
+from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
 from pipelines.engine.run_log import RunLog
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,25 @@ class TrainConfig:
     all workers and accumulation steps (a micro-batch holds batch_size / (workers x grad_accum))."""
 
     lr: float = 1e-4
-    # bertadam: the LXMERT release's BertAdam (no bias correction, eps 1e-6); adamw: torch's AdamW
-    optimizer: Literal["adamw", "bertadam"] = "adamw"
+    # bertadam: the LXMERT release's BertAdam (no bias correction, eps 1e-6); adamw: torch's AdamW;
+    # sgd: torch's SGD with `momentum` and L2 weight decay (detectron2's solver)
+    optimizer: Literal["adamw", "bertadam", "sgd"] = "adamw"
+    momentum: float = SGD_MOMENTUM  # sgd only
     batch_size: int = 32
     epochs: int = 1
     max_steps: int | None = None  # when set, wins over epochs
+    # linear: warm-up, then linear decay to 0 at the last step (the release's warm-up-linear);
+    # steps: warm-up, then lr x lr_gamma^(lr_steps passed) (detectron2's WarmupMultiStepLR)
+    schedule: Literal["linear", "steps"] = "linear"
+    # absolute step numbers s: updates s+1, s+2, ... (detectron2's iterations s, s+1, ...) use the lowered
+    # rate; empty = constant after the warm-up
+    lr_steps: list[int] = field(default_factory=list)
+    lr_gamma: float = 0.1
     warmup_ratio: float = 0.05
+    warmup_iters: int | None = None  # warm-up steps; when set, wins over warmup_ratio
+    # the warm-up's first rate as a fraction of lr, rising linearly to 1 (detectron2's WARMUP_FACTOR);
+    # 0 = step / warm-up steps
+    warmup_factor: float = 0.0
     weight_decay: float = 0.01
     decay_norm_and_bias: bool = True  # the release's BertAdam decays every parameter; False skips 1-d ones
     clip_norm: float | None = 1.0
@@ -67,6 +81,21 @@ class TrainConfig:
     gpus_per_worker: float | None = None  # None = 1 when the Ray cluster has GPUs, else CPU workers
     cpus_per_worker: float = 1.0
     ray_address: str | None = None  # None = a private local Ray instance (or RAY_ADDRESS when set)
+
+    def __post_init__(self) -> None:
+        steps = self.lr_steps
+        if any(s <= 0 for s in steps) or list(steps) != sorted(set(steps)):
+            raise ValueError(f"train.lr_steps must be positive, increasing step numbers; got {steps}")
+        if self.lr_gamma <= 0:
+            raise ValueError(f"train.lr_gamma must be > 0; got {self.lr_gamma}")
+        if not 0.0 <= self.warmup_factor <= 1.0:
+            raise ValueError(f"train.warmup_factor must be in [0, 1]; got {self.warmup_factor}")
+        if self.warmup_iters is not None and self.warmup_iters < 0:
+            raise ValueError(
+                f"train.warmup_iters must be >= 0 (null: use warmup_ratio); got {self.warmup_iters}"
+            )
+        if self.momentum < 0:
+            raise ValueError(f"train.momentum must be >= 0; got {self.momentum}")
 
 
 class Task(Protocol):
@@ -146,12 +175,9 @@ class TrainingRun:
         torch.manual_seed(cfg.seed)
         self.model = self.task.build_model().to(self.device)
         self.optimizer = build_optimizer(
-            cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay
+            cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay, momentum=cfg.momentum
         )
-        warmup = int(cfg.warmup_ratio * self.total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _linear_schedule(warmup, self.total_steps)
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(cfg, self.total_steps))
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.step = 0
         self.best: dict | None = None
@@ -431,10 +457,41 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
     ]
 
 
-def _linear_schedule(warmup: int, total: int):
+def _schedule(cfg: TrainConfig, total: int):
+    """The factor on lr for the update after `step` updates, as `cfg.schedule` says."""
+    warmup = cfg.warmup_iters if cfg.warmup_iters is not None else int(cfg.warmup_ratio * total)
+    if cfg.schedule == "steps":
+        late = [s for s in cfg.lr_steps if s >= total]
+        if late:
+            log.warning("train.lr_steps %s are not below the %d steps of this run: ignored", late, total)
+        return _step_schedule(warmup, cfg.lr_steps, cfg.lr_gamma, cfg.warmup_factor)
+    if cfg.lr_steps:
+        raise ValueError(
+            f"train.lr_steps {cfg.lr_steps} apply to train.schedule=steps, not {cfg.schedule!r}; "
+            "set train.schedule=steps or train.lr_steps=[]"
+        )
+    return _linear_schedule(warmup, total, cfg.warmup_factor)
+
+
+def _warmup(step: int, warmup: int, start: float) -> float:
+    alpha = step / warmup
+    return start * (1 - alpha) + alpha  # start 0 gives step / warmup exactly
+
+
+def _linear_schedule(warmup: int, total: int, warmup_factor: float = 0.0):
     def factor(step: int) -> float:
         if step < warmup:
-            return step / max(1, warmup)
+            return _warmup(step, warmup, warmup_factor)
         return max(0.0, (total - step) / max(1, total - warmup))
+
+    return factor
+
+
+def _step_schedule(warmup: int, steps: list[int], gamma: float, warmup_factor: float):
+    milestones = list(steps)
+
+    def factor(step: int) -> float:
+        rise = _warmup(step, warmup, warmup_factor) if step < warmup else 1.0
+        return rise * gamma ** bisect.bisect_right(milestones, step)
 
     return factor

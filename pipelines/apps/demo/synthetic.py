@@ -91,6 +91,7 @@ class SyntheticDataset:
     pretrain: dict[str, Path]
     vqa: dict[str, Path]
     captions: Path  # Karpathy-style split file (dataset_coco.json layout): FILE:train, FILE:val, FILE:test
+    detection: dict[str, Path]  # COCO detection JSON per split: shapes as categories, colours as attributes
     counts: dict[str, int]
 
 
@@ -202,8 +203,8 @@ def _write_json(path: Path, obj: object) -> None:
 
 
 def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> SyntheticDataset:
-    """Write images, scenes.json, corpus.txt, vocab.txt, the pre-training and VQA JSON splits, and the
-    captions as a Karpathy split file."""
+    """Write images, scenes.json, corpus.txt, vocab.txt, the pre-training, VQA and COCO detection JSON
+    splits, and the captions as a Karpathy split file."""
     cfg = cfg or SyntheticConfig()
     root = Path(out_dir)
     images_dir = root / "images"
@@ -256,6 +257,9 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
         _write_json(path, pretrain[s])
     for s, path in vqa_paths.items():
         _write_json(path, vqa[s])
+    detection_paths = {s: root / f"detection_{s}.json" for s in SPLITS}
+    for s, path in detection_paths.items():
+        _write_json(path, detection_json(scenes, s, cfg.image_format))
     counts = {f"images_{s}": splits.count(s) for s in SPLITS}
     counts.update({f"questions_{s}": len(vqa[s]) for s in SPLITS})
     return SyntheticDataset(
@@ -267,6 +271,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
         pretrain=pretrain_paths,
         vqa=vqa_paths,
         captions=root / "captions.json",
+        detection=detection_paths,
         counts=counts,
     )
 
@@ -285,6 +290,49 @@ def _karpathy_row(index: int, scene: Scene, caps: list[str], image_format: str) 
         "sentids": [s["sentid"] for s in sentences],
         "sentences": sentences,
         "cocoid": index,
+    }
+
+
+def detection_json(scenes: list[Scene], split: str, image_format: str) -> dict:
+    """The scenes of `split` as COCO detection JSON (file names relative to the images folder).
+
+    Image id = the scene's index in `scenes`; one box per shape, tight around its drawn pixels (`Shape.box`
+    holds inclusive pixel corners, so width = x2 - x1 + 1); category = the shape, its one attribute the
+    colour. Category and attribute ids are 1-based positions in SHAPES and COLOURS.
+    """
+    category_ids = {name: i + 1 for i, name in enumerate(SHAPES)}
+    attribute_ids = {name: i + 1 for i, name in enumerate(COLOURS)}
+    images, annotations = [], []
+    for index, scene in enumerate(scenes):
+        if scene.split != split:
+            continue
+        images.append(
+            {
+                "id": index,
+                "file_name": f"{scene.img_id}.{image_format}",
+                "width": scene.width,
+                "height": scene.height,
+            }
+        )
+        for k, shape in enumerate(scene.shapes):
+            x1, y1, x2, y2 = shape.box
+            w, h = x2 - x1 + 1, y2 - y1 + 1
+            annotations.append(
+                {
+                    "id": 10 * index + k + 1,
+                    "image_id": index,
+                    "bbox": [x1, y1, w, h],
+                    "area": w * h,
+                    "category_id": category_ids[shape.shape],
+                    "iscrowd": 0,
+                    "attribute_ids": [attribute_ids[shape.colour]],
+                }
+            )
+    return {
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": i, "name": name} for name, i in category_ids.items()],
+        "attributes": [{"id": i, "name": name} for name, i in attribute_ids.items()],
     }
 
 

@@ -222,3 +222,48 @@ def test_vocab_covers_every_word_once_and_loads_as_a_bert_tokenizer(dataset) -> 
     for sent in sentences:
         pieces = tokenizer.tokenize(sent)
         assert "[UNK]" not in pieces and not any(p.startswith("##") for p in pieces), sent
+
+
+def test_detection_json_boxes_bound_the_drawn_pixels(dataset) -> None:
+    from pipelines.data.detection import load_detection_json
+
+    ds, cfg = dataset
+    scenes = load_scenes(ds.scenes)
+    cell = cfg.image_size // 2
+    checked = 0
+    for split in SPLITS:
+        data = load_detection_json(ds.detection[split], ds.images_dir, strict=True)
+        assert data.classes == ["circle", "square", "triangle"]
+        assert data.attributes == list(COLOURS)
+        assert len(data.images) == ds.counts[f"images_{split}"]
+        for image in data.images:
+            scene = scenes[image.image_id]
+            assert scene.split == split and image.file_name == f"{scene.img_id}.png"
+            assert len(image.boxes) == len(scene.shapes)
+            if scene.noisy:
+                continue
+            pixels = _read(ds, scene.img_id)
+            foreground = np.abs(pixels - np.array(BACKGROUNDS[scene.background], np.float32)).sum(-1) > 30
+            for box, cls, attrs, shape in zip(
+                image.boxes, image.classes, image.attributes, scene.shapes, strict=True
+            ):
+                assert data.classes[cls] == shape.shape and [data.attributes[a] for a in attrs] == [
+                    shape.colour
+                ]
+                # each shape lies in its own grid cell: the drawn pixels there are that shape's
+                col, row = int(box[0]) // cell, int(box[1]) // cell
+                ys, xs = np.nonzero(foreground[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell])
+                drawn = [
+                    xs.min() + col * cell,
+                    ys.min() + row * cell,
+                    xs.max() + col * cell + 1,
+                    ys.max() + row * cell + 1,
+                ]
+                np.testing.assert_array_equal(box, drawn, err_msg=f"{scene.img_id} {shape.shape}")
+                inside = pixels[int(box[1]) : int(box[3]), int(box[0]) : int(box[2])]
+                mask = np.abs(inside - np.array(COLOURS[shape.colour], np.float32)).sum(-1) < 10
+                assert (
+                    mask.any(axis=0).all() and mask.any(axis=1).all()
+                )  # colour reaches every row and column
+                checked += 1
+    assert checked > 20

@@ -66,8 +66,40 @@ def test_bad_overrides_name_the_key(override, message):
 
 def test_optimizer_override_is_checked():
     assert config_io.load(PretrainRun, None, ["train.optimizer=adamw"]).train.optimizer == "adamw"
+    assert config_io.load(PretrainRun, None, ["train.optimizer=sgd"]).train.optimizer == "sgd"
     with pytest.raises(ValueError, match="optimizer"):
-        config_io.load(PretrainRun, None, ["train.optimizer=sgd"])
+        config_io.load(PretrainRun, None, ["train.optimizer=lamb"])
+
+
+def test_step_schedule_from_yaml_and_overrides(tmp_path):
+    path = tmp_path / "detector.yaml"
+    path.write_text(
+        "train:\n  optimizer: sgd\n  schedule: steps\n  lr_steps: [210000, 250000]\n"
+        "  warmup_iters: 1000\n  warmup_factor: 0.001\n  momentum: 0.9\n"
+    )
+    t = config_io.load(PretrainRun, path, ["train.lr_steps=[60000, 80000]", "train.lr_gamma=0.5"]).train
+    assert (t.optimizer, t.schedule, t.lr_steps, t.lr_gamma) == ("sgd", "steps", [60000, 80000], 0.5)
+    assert (t.warmup_iters, t.warmup_factor, t.momentum) == (1000, 0.001, 0.9)
+    run = config_io.load(PretrainRun, path, ["train.warmup_factor=1e-3", "train.warmup_iters=null"])
+    assert run.train.warmup_factor == 0.001 and run.train.warmup_iters is None
+    config_io.save_yaml(run, tmp_path / "saved.yaml")
+    assert config_io.load(PretrainRun, tmp_path / "saved.yaml") == run
+    assert config_io.load(PretrainRun, None, ["train.lr_steps=[]"]).train.lr_steps == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.schedule=cosine", "not one of"),
+        ("train.lr_steps=100", "expected a list"),
+        ("train.lr_steps=[100, 1.5]", "expected an integer"),
+        ("train.lr_steps=[200, 100]", "positive, increasing"),
+        ("train.warmup_factor=2", r"\[0, 1\]"),
+    ],
+)
+def test_bad_schedule_overrides(override, message):
+    with pytest.raises(ValueError, match=message):
+        config_io.load(PretrainRun, None, [override])
 
 
 HOSTILE = [

@@ -1,4 +1,5 @@
-"""BertAdam against the release's update rule written out here, and the optimizer choice."""
+"""BertAdam against the release's update rule written out here, SGD against a hand-worked step, and the
+optimizer choice."""
 
 from __future__ import annotations
 
@@ -76,6 +77,22 @@ def test_build_optimizer_names():
     assert isinstance(build_optimizer("bertadam", [{"params": [param]}], 0.1, 0.01), BertAdam)
     adamw = build_optimizer("adamw", [{"params": [param]}], 0.1, 0.01)
     assert isinstance(adamw, torch.optim.AdamW)
-    assert set(OPTIMIZERS) == {"bertadam", "adamw"}
-    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
-        build_optimizer("sgd", [{"params": [param]}], 0.1, 0.01)
+    sgd = build_optimizer("sgd", [{"params": [param]}], 0.1, 0.01, momentum=0.5)
+    assert isinstance(sgd, torch.optim.SGD)
+    assert (sgd.defaults["momentum"], sgd.defaults["nesterov"], sgd.defaults["dampening"]) == (0.5, False, 0)
+    assert build_optimizer("sgd", [{"params": [param]}], 0.1, 0.01).defaults["momentum"] == 0.9
+    assert set(OPTIMIZERS) == {"bertadam", "adamw", "sgd"}
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        build_optimizer("lamb", [{"params": [param]}], 0.1, 0.01)
+
+
+def test_sgd_steps_with_momentum_and_l2_decay():
+    # detectron2's rule, worked by hand with lr 0.1, wd 0.01, momentum 0.9, p0 = 1, g = 0.5 then -0.25:
+    # d1 = 0.5 + 0.01 * 1 = 0.51;  buf = 0.51;  p1 = 1 - 0.1 * 0.51 = 0.949
+    # d2 = -0.25 + 0.01 * 0.949 = -0.24051;  buf = 0.9 * 0.51 - 0.24051 = 0.21849;  p2 = 0.949 - 0.021849
+    param = torch.nn.Parameter(torch.ones(1, dtype=torch.float64))
+    opt = build_optimizer("sgd", [{"params": [param]}], 0.1, 0.01, momentum=0.9)
+    for g, want in ((0.5, 0.949), (-0.25, 0.927151)):
+        param.grad = torch.tensor([g], dtype=torch.float64)
+        opt.step()
+        assert param.item() == pytest.approx(want, rel=1e-12, abs=1e-12)

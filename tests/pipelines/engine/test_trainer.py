@@ -97,6 +97,95 @@ def test_schedule_warms_up_then_decays_to_zero(tmp_path):
     np.testing.assert_allclose(lrs, expected, rtol=1e-6, atol=1e-12)
 
 
+def _old_linear(step: int, warmup: int, total: int) -> float:
+    """The linear schedule as it was before warmup_factor and warmup_iters existed."""
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+@pytest.mark.parametrize(("ratio", "total"), [(0.05, 1000), (0.1, 48), (0.2, 40), (0.0, 16), (0.3, 7)])
+def test_linear_schedule_at_its_defaults_is_bit_for_bit_the_old_one(ratio, total):
+    factor = trainer._schedule(TrainConfig(warmup_ratio=ratio), total)
+    warmup = int(ratio * total)
+    assert [factor(s) for s in range(total + 1)] == [_old_linear(s, warmup, total) for s in range(total + 1)]
+
+
+def test_linear_schedule_warms_up_from_warmup_factor():
+    factor = trainer._schedule(TrainConfig(warmup_iters=4, warmup_factor=0.2, warmup_ratio=0.5), 20)
+    rates = [factor(s) for s in range(6)]
+    assert rates == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0, 15 / 16]) and factor(20) == 0.0
+
+
+def _detectron2_lr(it: int, base: float, warmup: int, start: float, steps: list[int], gamma: float) -> float:
+    """detectron2's WarmupMultiStepLR: linear warm-up from start x base, gamma per step reached."""
+    if it < warmup:
+        alpha = it / warmup
+        rise = start * (1 - alpha) + alpha
+    else:
+        rise = 1.0
+    return base * rise * gamma ** len([s for s in steps if s <= it])
+
+
+def test_step_schedule_at_chosen_iterations():
+    # detectron2's 3x recipe: 270k iterations, steps at 210k and 250k, 1000 warm-up iterations from 1/1000
+    cfg = TrainConfig(schedule="steps", lr_steps=[210000, 250000], warmup_iters=1000, warmup_factor=0.001)
+    factor = trainer._schedule(cfg, 270000)
+    for it in (0, 1, 500, 999, 1000, 1001, 209999, 210000, 210001, 249999, 250000, 269999):
+        want = _detectron2_lr(it, 0.02, 1000, 0.001, [210000, 250000], 0.1)
+        assert 0.02 * factor(it) == pytest.approx(want, rel=1e-12), it
+    assert factor(0) == pytest.approx(0.001) and factor(1000) == 1.0 and factor(250000) == pytest.approx(0.01)
+
+
+def test_step_schedule_without_steps_is_constant_after_the_warm_up():
+    factor = trainer._schedule(TrainConfig(schedule="steps", warmup_iters=4), 20)
+    assert [factor(s) for s in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert factor(19) == 1.0
+
+
+def test_step_schedule_drives_the_run(tmp_path):
+    steps = [10, 17]
+    cfg = _cfg(
+        epochs=3,
+        log_every=1,
+        optimizer="sgd",
+        schedule="steps",
+        lr_steps=steps,
+        lr_gamma=0.5,
+        warmup_iters=5,
+        warmup_factor=0.2,
+        warmup_ratio=0.5,
+    )
+    fit(ToyTask(), cfg, tmp_path)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lr" in r]
+    # the rate each of the 24 updates used: warmup_iters wins over warmup_ratio
+    expected = [_detectron2_lr(it, 0.02, 5, 0.2, steps, 0.5) for it in range(24)]
+    np.testing.assert_allclose(lrs, expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"lr_steps": [5, 5]}, "lr_steps must be positive, increasing"),
+        ({"lr_steps": [8, 4]}, "lr_steps must be positive, increasing"),
+        ({"lr_steps": [0, 4]}, "lr_steps must be positive, increasing"),
+        ({"lr_gamma": 0.0}, "lr_gamma must be > 0"),
+        ({"warmup_factor": 1.5}, r"warmup_factor must be in \[0, 1\]"),
+        ({"warmup_factor": -0.1}, r"warmup_factor must be in \[0, 1\]"),
+        ({"warmup_iters": -1}, "warmup_iters must be >= 0"),
+        ({"momentum": -0.9}, "momentum must be >= 0"),
+    ],
+)
+def test_bad_schedule_settings_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**bad)
+
+
+def test_lr_steps_need_the_steps_schedule(tmp_path):
+    with pytest.raises(ValueError, match="train.schedule=steps"):
+        fit(ToyTask(), _cfg(lr_steps=[4]), tmp_path)
+
+
 class _Crash(Exception):
     pass
 
@@ -114,27 +203,38 @@ class CrashingTask(ToyTask):
         return super().loss(model, batch)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "bertadam"])
-def test_resume_is_exact(tmp_path, optimizer):
+# detectron2's recipe in small: the checkpoint (step 10) falls between the rate's two drops
+_SGD_STEPS = {
+    "optimizer": "sgd",
+    "schedule": "steps",
+    "lr_steps": [6, 12],
+    "warmup_iters": 4,
+    "warmup_factor": 0.001,
+}
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [{"optimizer": "adamw"}, {"optimizer": "bertadam"}, _SGD_STEPS],
+    ids=["adamw", "bertadam", "sgd-steps"],
+)
+def test_resume_is_exact(tmp_path, recipe):
     straight, first = tmp_path / "straight", tmp_path / "halves"
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, optimizer=optimizer), straight)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, **recipe), straight)
     # crash mid-epoch just after the step-10 checkpoint (8 steps per epoch), with other loader workers
     with pytest.raises(_Crash):
-        fit(
-            CrashingTask(after=10),
-            _cfg(epochs=3, save_every=10, loader_workers=2, optimizer=optimizer),
-            first,
-        )
+        fit(CrashingTask(after=10), _cfg(epochs=3, save_every=10, loader_workers=2, **recipe), first)
     assert latest_checkpoint(first / "checkpoints").name == "step-10"
     with pytest.raises(FileExistsError, match="--resume"):
-        fit(ToyTask(), _cfg(epochs=3, optimizer=optimizer), first)
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, optimizer=optimizer), first, resume=True)
+        fit(ToyTask(), _cfg(epochs=3, **recipe), first)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, **recipe), first, resume=True)
     a, b = _weights(straight / "last"), _weights(first / "last")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
     rows_a = [r for r in read_metrics(straight / "metrics.jsonl") if "loss" in r]
     rows_b = [r for r in read_metrics(first / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
+    assert [r["lr"] for r in rows_a] == [r["lr"] for r in rows_b]
     assert latest_checkpoint(first / "checkpoints").name == "step-24"
 
 
