@@ -13,25 +13,13 @@ import numpy as np
 import torch
 
 from extraction.box_coder import BoxCoder
-from extraction.config import (
-    ARCHITECTURE_FIELDS,
-    DEFAULT_PRESET,
-    DetectorConfig,
-    config_from_dict,
-    resolve_config,
-)
+from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.postprocess import to_record
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
 from extraction.rcnn import NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
 from extraction.selection import SelectionConfig
-from extraction.weights import (
-    CheckpointError,
-    is_detector_dir,
-    load_detector_weights,
-    read_detector_dir,
-    weights_file,
-)
+from extraction.weights import load_detector_weights, resolve_detector, weights_file
 from storage import RegionFeatures
 
 log = logging.getLogger(__name__)
@@ -82,19 +70,9 @@ class Detector:
 
         `weights` may be a detector directory (detector.json + model.safetensors): its own architecture
         and class and attribute names are used, and `preset` names only where the settings started."""
-        base = classes = attributes = None
-        if weights is not None and is_detector_dir(weights):
-            meta = read_detector_dir(weights)
-            base, preset = config_from_dict(meta["config"]), meta["preset"]
-            classes, attributes = meta["classes"], meta["attributes"]
-            changed = sorted(
-                k for k in overrides if k in ARCHITECTURE_FIELDS and overrides[k] != getattr(base, k)
-            )
-            if changed:
-                raise CheckpointError(
-                    f"{weights}: {changed} would change the trained network's architecture; leave them out"
-                )
-        config, sel = resolve_config(preset, selection, min_boxes, max_boxes, base=base, **overrides)
+        config, sel, preset, classes, attributes = resolve_detector(
+            preset, weights, selection, min_boxes, max_boxes, **overrides
+        )
         model = VGFasterRCNN(config)
         if weights is None:
             init_random_weights(model, RANDOM_SEED)

@@ -112,6 +112,15 @@ def detector_settings(recorded: dict) -> dict:
     return settings
 
 
+def recorded_names(recorded: dict) -> tuple[list[str] | None, list[str] | None]:
+    """(class names, attribute names) a store's provenance carries (weights trained with xmodal carry
+    them), else (None, None)."""
+    classes, attributes = recorded.get("classes"), recorded.get("attributes")
+    if isinstance(classes, list) and isinstance(attributes, list):
+        return [str(c) for c in classes], [str(a) for a in attributes]
+    return None, None
+
+
 def _plain(value):
     """JSON gives lists where the configs hold tuples."""
     return tuple(value) if isinstance(value, list) else value

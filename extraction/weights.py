@@ -305,6 +305,30 @@ def read_detector_dir(directory: str | Path) -> dict:
     return meta
 
 
+def resolve_detector(
+    preset: str, weights: str | Path | None, selection: str, min_boxes: int, max_boxes: int, **overrides
+):
+    """(DetectorConfig, SelectionConfig, preset, class names, attribute names) for `Detector.build`'s
+    arguments: a detector directory brings its own architecture, preset and names (architecture overrides
+    that would change it are refused); otherwise the preset with the overrides, and no names."""
+    from extraction.config import ARCHITECTURE_FIELDS, config_from_dict, resolve_config
+
+    base = classes = attributes = None
+    if weights is not None and is_detector_dir(weights):
+        meta = read_detector_dir(weights)
+        base, preset = config_from_dict(meta["config"]), meta["preset"]
+        classes, attributes = meta["classes"], meta["attributes"]
+        changed = sorted(
+            k for k in overrides if k in ARCHITECTURE_FIELDS and overrides[k] != getattr(base, k)
+        )
+        if changed:
+            raise CheckpointError(
+                f"{weights}: {changed} would change the trained network's architecture; leave them out"
+            )
+    config, sel = resolve_config(preset, selection, min_boxes, max_boxes, base=base, **overrides)
+    return config, sel, preset, classes, attributes
+
+
 def weights_file(path: str | Path) -> Path:
     """The tensor file behind `path`: the file itself, or a detector directory's model.safetensors."""
     return Path(path) / WEIGHTS_FILE if Path(path).is_dir() else Path(path)
@@ -364,7 +388,7 @@ def init_from_checkpoint(
     }
     model.load_state_dict(usable, strict=False)
     report.loaded = len(usable)
-    report.missing = [k for k in expected if k not in usable and not any(k.startswith(h + ".") for h in drop)]
+    report.missing = [k for k in expected if k not in usable and k not in drop]
     for line in report.rebuilt:
         log.info("rebuilt %s: it starts from a fresh initialisation", line)
     if report.missing:

@@ -159,6 +159,9 @@ def ask_image(
     if explain is not None:
         import cv2
 
+        if object_names is None and detector.classes is not None:  # names the trained weights carry
+            object_names, attr_names = detector.classes, detector.attributes
+
         picture = draw_explanation(
             bgr, result, question, object_names=object_names, attr_names=attr_names
         ).image

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -151,7 +152,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         cfg = resolve_train_config(args)
         summary = train_detector(cfg, out, resume=args.resume)
-    except (ValueError, KeyError, OSError) as exc:
+    except (ValueError, KeyError, OSError, FloatingPointError) as exc:
         print(f"xmodal detector train: {exc}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) != 0:
@@ -183,8 +184,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal detector evaluate: {exc}", file=sys.stderr)
         return 1
+    images = metrics.pop("images")
     print(format_table(metrics))
-    line = json.dumps({"weights": str(args.weights), "annotations": str(args.annotations), **metrics})
+    print(f"on {images} images")
+    # undefined metrics (an area range without ground-truth boxes) are NaN in the table, null in JSON
+    defined = {k: (None if math.isnan(v) else v) for k, v in metrics.items()}
+    line = json.dumps(
+        {"weights": str(args.weights), "annotations": str(args.annotations), "images": images, **defined}
+    )
     print(line)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -248,6 +248,10 @@ def _show(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.path}: no record {args.img_id!r}; `xmodal features ls` lists its ids")
     rec = reader[args.img_id]
     objects, attributes = vg_vocab(args.vocab)
+    if objects is None:  # the names the store's detector weights carry, if they do
+        from extraction.provenance import recorded_names
+
+        objects, attributes = recorded_names(reader.shards[0].read_meta().get("provenance", {}))
     drawn = draw_regions(load_image(args.image), rec, objects, attributes).image
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), drawn):

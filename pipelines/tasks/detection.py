@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,7 +182,9 @@ class DetectionTask:
         data = self.valid_data
         if data is None:
             return {}
-        return evaluate_detector(model, loader, data, self.config)
+        metrics = evaluate_detector(model, loader, data, self.config)
+        # an area range without ground-truth boxes has no AP (NaN): left out of the run's log
+        return {k: v for k, v in metrics.items() if not math.isnan(v)}
 
     def save(self, model: torch.nn.Module, directory: Path) -> None:
         save_detector_dir(

@@ -158,7 +158,7 @@ def load_backend(
                 f"the detector gives {detector.feature_dim}-d features but {held.checkpoint} expects "
                 f"{held.tuned.model.config.visual_feat_dim}-d"
             )
-    names = (None, None)
+    names = (detector.classes, detector.attributes)  # what trained weights carry, else (None, None)
     if vocab is not None:
         from extraction.draw import load_vg_vocab
 

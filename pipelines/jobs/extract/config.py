@@ -104,10 +104,12 @@ def recorded_settings(cfg: ExtractConfig, provenance: dict | None) -> dict:
 def check_store_fits(out: Path, meta: dict, cfg: ExtractConfig) -> None:
     """An existing store takes this job's records: same feature width, box count and dtype; else InputError
     before Ray starts, naming the store and the difference."""
-    from extraction.config import resolve_config
+    from extraction.weights import resolve_detector
 
     detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
-    config, _ = resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
+    config = resolve_detector(
+        cfg.preset, cfg.weights, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector
+    )[0]
     wanted = {"feature_dim": config.feature_dim, "max_boxes": cfg.max_boxes, "dtype": cfg.dtype}
     differ = [k for k, v in wanted.items() if meta.get(k) != v]
     if differ:
@@ -120,12 +122,23 @@ def check_store_fits(out: Path, meta: dict, cfg: ExtractConfig) -> None:
 
 def check_weights(path: str) -> None:
     """The detector checkpoint reads as tensors (no pickled code), checked before Ray starts."""
-    from extraction.weights import CheckpointError, read_checkpoint
+    from extraction.weights import (
+        CheckpointError,
+        is_detector_dir,
+        read_checkpoint,
+        read_detector_dir,
+        weights_file,
+    )
 
-    if not Path(path).is_file():
-        raise InputError(f"--weights {path} is not a file (see `xmodal convert detector`)")
+    if not Path(path).is_file() and not is_detector_dir(path):
+        raise InputError(
+            f"--weights {path} is neither a checkpoint file nor a detector directory (RUN/best of "
+            "`xmodal detector train`); see `xmodal convert detector`"
+        )
     try:
-        read_checkpoint(path)
+        if is_detector_dir(path):
+            read_detector_dir(path)
+        read_checkpoint(weights_file(path))
     except CheckpointError as exc:
         raise InputError(str(exc).splitlines()[0]) from exc
 
