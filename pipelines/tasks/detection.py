@@ -57,12 +57,13 @@ class DetectorTaskConfig:
 
 
 def default_train_config(preset: str) -> TrainConfig:
-    """detectron2's schedule for the release's network (SGD momentum 0.9, weight decay 1e-4, lr 0.02 at 16
-    images per batch, linear warm-up from 1/1000 over 1000 iterations, x0.1 at 60k and 80k of 90k); the
-    small preset's is the same recipe shortened to train on 2 CPU cores in minutes."""
+    """detectron2's schedule for the release's network: SGD momentum 0.9, weight decay 1e-4, lr 0.02 at 16
+    images per batch, linear warm-up from 1/1000 over 1000 iterations, x0.1 at 60k and 80k of 90k.
+
+    The small preset trains from random weights in minutes on 2 CPU cores: AdamW at 2e-3 (SGD at 0.02
+    reached box AP50 0.28 in 600 steps where AdamW reached 0.74), 4 images per step, 900 steps, the same
+    warm-up and x0.1 steps at 720 and 850."""
     common = dict(
-        optimizer="sgd",
-        momentum=0.9,
         weight_decay=1e-4,
         schedule="steps",
         lr_gamma=0.1,
@@ -72,17 +73,26 @@ def default_train_config(preset: str) -> TrainConfig:
     )
     if preset == SMALL_PRESET:
         return TrainConfig(
-            lr=0.02,
+            optimizer="adamw",
+            lr=2e-3,
             batch_size=4,
-            max_steps=600,
-            lr_steps=[450, 550],
+            max_steps=900,
+            lr_steps=[720, 850],
             warmup_iters=50,
-            eval_every=200,
+            eval_every=450,
+            log_every=30,
             loader_workers=1,
             **common,
         )
     return TrainConfig(
-        lr=0.02, batch_size=16, max_steps=90000, lr_steps=[60000, 80000], warmup_iters=1000, **common
+        optimizer="sgd",
+        momentum=0.9,
+        lr=0.02,
+        batch_size=16,
+        max_steps=90000,
+        lr_steps=[60000, 80000],
+        warmup_iters=1000,
+        **common,
     )
 
 

@@ -232,7 +232,10 @@ class FinetuneTask:
             log.warning(
                 "no --init: fine-tuning from RANDOM weights (%s preset); meaningless for real use", preset
             )
-            overrides = data_overrides(config_class, self.tokenizer)
+            # a model built here takes the store's feature width (the demo's own detector gives 256-d)
+            overrides = data_overrides(
+                config_class, self.tokenizer, visual_feat_dim=self.features.feature_dim
+            )
             return config_class.preset(preset, **{**overrides, **cfg.model})
         if cfg.preset is not None:
             log.warning(

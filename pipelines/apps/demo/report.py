@@ -1,5 +1,5 @@
-"""The demo's report: `report.html` with PNGs of detections, loss curves, accuracy, one `xmodal ask`, and
-the captioner's scores and attention over time."""
+"""The demo's report: `report.html` with a headline table, PNGs of detections, loss curves, accuracy, one
+`xmodal ask`, the detector's box AP, and the captioner's scores and attention over time."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from extraction.draw import Drawing
 from storage import RegionFeatures
 
 TASK_LOSSES = ("mlm", "matched", "obj", "attr", "feat", "qa")
+DRAWN_CONFIDENCE = 0.5  # detection pictures show the regions the detector is this sure of
 
 
 @dataclass
@@ -52,15 +53,18 @@ def draw_detections(
     top: int = 10,
     names: Sequence[str] | None = None,
     attr_names: Sequence[str] | None = None,
+    min_conf: float = 0.0,
 ) -> Drawing:
-    """The `top` most confident regions of `rec` over its image, labelled "attribute object confidence",
-    at a legible size (small images enlarged); written to `out_png`."""
+    """The `top` most confident regions of `rec` over its image (those at `min_conf` or above, and at least
+    the best one), labelled "attribute object confidence", at a legible size (small images enlarged);
+    written to `out_png`."""
     import cv2
 
     from extraction import load_image
     from extraction.draw import draw_regions
 
     order = np.argsort(-rec.objects_conf, kind="stable")[:top]
+    order = order[: max(1, int((rec.objects_conf[order] >= min_conf).sum()))]
     objects = list(names) if names is not None else None
     attributes = list(attr_names) if attr_names is not None else None
     drawing = draw_regions(load_image(image_path), rec, objects, attributes, regions=order, show_conf=True)
@@ -91,7 +95,14 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
         return None
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.8), squeeze=False)
     for ax, (name, rows) in zip(axes[0], runs.items(), strict=True):
-        tasks = sorted({k for r in rows for k in r if k in TASK_LOSSES})
+        # the tasks' losses, and the detector's loss_rpn_cls, loss_cls, ...
+        tasks = sorted({k for r in rows for k in r if k in TASK_LOSSES or k.startswith("loss_")})
+        ap = [(r["step"], r["valid_AP50"]) for r in rows if isinstance(r.get("valid_AP50"), (int, float))]
+        if ap:  # the detector's validation AP50 on its own axis
+            right = ax.twinx()
+            right.plot(*zip(*ap, strict=True), color="tab:green", marker="o", label="valid AP50")
+            right.set_ylim(0, 1)
+            right.set_ylabel("validation AP50", color="tab:green")
         for key, style in (
             [("loss", dict(color="black", linewidth=2))]
             + [(k, dict(linewidth=1)) for k in tasks]
@@ -180,6 +191,33 @@ def _image_matters(s: Mapping) -> str:
     )
 
 
+def _headline(s: Mapping) -> str:
+    """One table of the run's own figures: detector AP50, VQA against both priors (overall and per question
+    type), with another image's regions, and caption CIDEr-D against the constant caption."""
+    rows = []
+    if s.get("detector"):
+        d = s["detector"]
+        rows.append(
+            ("detector box AP50 / AP (held-out scenes)", f"{_pct(100 * d['AP50'])} / {_pct(100 * d['AP'])}")
+        )
+    figures = [_pct(s.get(k)) for k in ("accuracy", "prior_baseline_accuracy", "baseline_accuracy")]
+    rows.append(("VQA accuracy / question-type prior / majority answer", " / ".join(figures)))
+    prior = s.get("per_type_prior_baseline", {})
+    for kind, acc in s.get("per_type_accuracy", {}).items():
+        rows.append((f"  “{kind} …” / its prior", f"{_pct(acc)} / {_pct(prior.get(kind))}"))
+    if "other_images_accuracy" in s:
+        rows.append(("VQA accuracy with another image's regions", _pct(s["other_images_accuracy"])))
+    c = s.get("caption")
+    if c:
+        rows.append(
+            (
+                "caption CIDEr-D / constant caption",
+                f"{float(c['cider_d']):.1f} / {float(c['baseline_cider_d']):.1f}",
+            )
+        )
+    return "<h2>Headline</h2>" + _table(rows)
+
+
 def _caption_section(c: Mapping, picture: Path | None, root: Path) -> list[str]:
     """Captioning: CIDEr-D against the constant-caption baseline, `xmodal evaluate`'s metrics, one caption."""
     better = float(c["cider_d"]) > float(c["baseline_cider_d"])
@@ -220,12 +258,11 @@ def write_report(inputs: ReportInputs) -> Path:
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}code{background:#f4f4f4}"
         "</style></head><body><h1>xmodal demo report</h1>"
     ]
-    if s.get("detector_weights", "random") == "random":
+    parts.append(_headline(s))
+    if s.get("detector_trained"):
         parts.append(
-            "<p class='warn'>RANDOM DETECTOR WEIGHTS: no detector checkpoint was given, so the Faster R-CNN "
-            "ran with fixed-seed random weights. Its boxes, labels and features carry no learned meaning; "
-            "whatever the model learned here it learned from raw, randomly projected pixels. Pass "
-            "<code>--weights faster_rcnn_from_caffe_attr.pkl</code> for real features.</p>"
+            "<p>The detector was trained here, on the training scenes' own boxes (shapes as object classes, "
+            f"colours as attributes): <code>{html.escape(str(s['detector_weights']))}</code>.</p>"
         )
     else:
         parts.append(f"<p>Detector weights: <code>{html.escape(str(s['detector_weights']))}</code></p>")
@@ -267,11 +304,28 @@ def write_report(inputs: ReportInputs) -> Path:
     if curves_png is not None:
         parts.append("<h2>Loss curves</h2>" + _img(curves_png, root, "loss curves"))
 
+    if s.get("detector"):
+        parts.append(
+            "<h2>Detector (held-out scenes)</h2><p><code>xmodal detector evaluate</code>: COCO box AP "
+            "(pycocotools) and the accuracy of the colour predicted on each true box (×100).</p>"
+            + _table([(k, _pct(100 * v) if isinstance(v, (int, float)) else "n/a")
+                      for k, v in s["detector"].items() if k not in ("weights", "annotations", "images")])
+        )  # fmt: skip
     if inputs.detections:
-        parts.append("<h2>Detections (most confident regions)</h2>")
+        parts.append(
+            f"<h2>Detections</h2><p>Stored regions with confidence ≥ {DRAWN_CONFIDENCE} (the best one at "
+            "least), labelled with the detector's own class and attribute names.</p>"
+        )
         for image_path, rec in inputs.detections:
             png = pics / f"detections_{rec.img_id}.png"
-            draw_detections(image_path, rec, png, names=inputs.object_names, attr_names=inputs.attr_names)
+            draw_detections(
+                image_path,
+                rec,
+                png,
+                names=inputs.object_names,
+                attr_names=inputs.attr_names,
+                min_conf=DRAWN_CONFIDENCE,
+            )
             parts.append(_img(png, root, f"detections on {rec.img_id}"))
 
     if inputs.ask is not None:

@@ -79,9 +79,10 @@ def test_other_images_moves_every_question_to_another_held_out_image() -> None:
         with_other_images(rows[:1], seed=0)
 
 
-QUICK = ["demo", "--quick", "--images", "24", "--seed", "1"]
+QUICK = ["demo", "--quick", "--seed", "1"]
+DETECTOR_STAGES = ("detector-train", "detector-evaluate")  # the demo trains its detector first
 STAGES = ("extract", "pretrain", "finetune", "evaluate", "evaluate other images", "ask")
-COMMANDS = ("extract", "pretrain", "finetune", "evaluate", "evaluate", "ask")  # their `xmodal` commands
+COMMANDS = ("detector", "detector", "extract", "pretrain", "finetune", "evaluate", "evaluate", "ask")
 CAPTION_STAGES = ("caption-finetune", "caption-evaluate", "caption-ask")  # then the captioning ones
 
 
@@ -108,8 +109,9 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     summary = json.loads((workdir / "summary.json").read_text())
     for key in ("accuracy", "baseline_accuracy", "prior_baseline_accuracy", "elapsed_s", "stage_s"):
         assert key in summary, key
-    assert summary["detector_weights"] == "random"
-    assert list(summary["stage_s"]) == ["generate", *STAGES, *CAPTION_STAGES, "report"]
+    assert summary["detector_trained"] and summary["detector_weights"] == str(workdir / "runs/detector/best")
+    assert set(summary["detector"]) >= {"AP", "AP50", "AP75", "attr_acc"}
+    assert list(summary["stage_s"]) == ["generate", *DETECTOR_STAGES, *STAGES, *CAPTION_STAGES, "report"]
 
     test_rows = json.loads((workdir / "data" / "vqa_test.json").read_text())
     assert summary["test_questions"] == len(test_rows)
@@ -130,17 +132,19 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
 
     reader = FeatureReader(workdir / "features.lmdb")
     try:
-        assert len(reader) == 24
-        # `xmodal extract --set` carried the demo's toy detector settings into the store's provenance
-        config = reader.meta["provenance"]["config"]
-        assert (config["post_nms_topk"], config["pooler_resolution"], config["min_size"]) == (8, 5, 96)
+        assert len(reader) == len(list((workdir / "data" / "images").iterdir()))
+        # the store records the demo's own detector: its weights, settings and class names
+        provenance = reader.meta["provenance"]
+        assert provenance["weights"] == summary["detector_weights"] and provenance["preset"] == "c4-small"
+        assert provenance["classes"] == ["circle", "square", "triangle"]
+        assert provenance["attributes"] == ["red", "green", "blue", "yellow"]
     finally:
         reader.close()
     assert (workdir / "runs" / "pretrain" / "metrics.jsonl").is_file()
 
     report = workdir / "report.html"
     text = report.read_text()
-    assert "RANDOM DETECTOR WEIGHTS" in text
+    assert "RANDOM DETECTOR WEIGHTS" not in text and "<h2>Headline</h2>" in text
     matters = text[text.index("Does the model use the image?") :]
     for key in ("accuracy", "other_images_accuracy", "prior_baseline_accuracy", "baseline_accuracy"):
         assert f"<td>{summary[key]:.1f}%</td>" in matters[: matters.index("<h2>")], key
@@ -162,6 +166,7 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
 
     # the report lists the real commands, each one parsed by the `xmodal` command line
     assert [_argv(c)[0] for c in summary["commands"]] == [*COMMANDS, "finetune", "evaluate", "ask"]
+    assert [_argv(c)[1] for c in summary["commands"][:2]] == ["train", "evaluate"]
     caption = summary["caption"]
     assert {"CIDEr", "Bleu_4", "ROUGE_L"} <= set(caption["metrics"])
     assert caption["test_images"] > 0 and caption["ask"]["truth"]
@@ -170,6 +175,50 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     for line in summary["commands"]:
         assert html.escape(line) in text
         parser.parse_args(_argv(line))
+
+
+def _iou(a, b) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+@pytest.mark.slow
+def test_the_detection_pictures_name_shapes_that_are_there(quick_demo: Path, tmp_path: Path) -> None:
+    """The demo's detector, trained in the quick run, draws vocabulary names, and its confident boxes lie
+    on the scenes' shapes."""
+    from pipelines.apps.demo.report import DRAWN_CONFIDENCE, draw_detections
+    from pipelines.apps.demo.synthetic import COLOURS, SHAPES, load_scenes
+
+    scenes = {s.img_id: s for s in load_scenes(quick_demo / "data" / "scenes.json")}
+    reader = FeatureReader(quick_demo / "features.lmdb")
+    try:
+        provenance = reader.meta["provenance"]
+        names, attrs = provenance["classes"], provenance["attributes"]
+        test_ids = sorted(i for i, s in scenes.items() if s.split == "test")
+        drawing = draw_detections(
+            quick_demo / "data" / "images" / f"{test_ids[0]}.png", reader[test_ids[0]], tmp_path / "d.png",
+            names=names, attr_names=attrs, min_conf=DRAWN_CONFIDENCE,
+        )  # fmt: skip
+        labels = [lb.text for lb in drawing.labels if lb.region >= 0]
+        assert labels
+        for text in labels:  # "green circle 0.97"
+            colour, shape, conf = text.split()
+            assert colour in COLOURS and shape in SHAPES and 0.0 <= float(conf) <= 1.0, text
+        found = total = 0
+        for img_id in test_ids:
+            rec = reader[img_id]
+            boxes = rec.boxes[rec.objects_conf >= DRAWN_CONFIDENCE].tolist()
+            for shape in scenes[img_id].shapes:
+                x1, y1, x2, y2 = shape.box
+                truth = (x1, y1, x2 + 1, y2 + 1)  # inclusive pixels
+                total += 1
+                found += any(_iou(truth, b) >= 0.5 for b in boxes)
+    finally:
+        reader.close()
+    assert found >= 0.75 * total, f"{found} of {total} shapes have a confident box with IoU >= 0.5"
 
 
 @pytest.mark.slow
