@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     keys = (
         "detector",
+        "probe",
         "accuracy",
         "baseline_accuracy",
         "prior_baseline_accuracy",

@@ -153,7 +153,7 @@ def _train(args: argparse.Namespace) -> int:
         cfg = resolve_train_config(args)
         summary = train_detector(cfg, out, resume=args.resume)
     except (ValueError, KeyError, OSError, FloatingPointError) as exc:
-        print(f"xmodal detector train: {exc}", file=sys.stderr)
+        print(f"xmodal detector train: {_one_line(exc)}", file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
@@ -166,6 +166,16 @@ def _train(args: argparse.Namespace) -> int:
     else:
         print(f"trained to step {summary['step']}: {out / 'last'} (no --valid: no best/)")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error itself: an image that fails in a DataLoader worker comes back wrapped with the worker's
+    traceback, whose last line is the original message."""
+    text = str(exc)
+    if "Original Traceback" in text:
+        lines = [line for line in text.splitlines() if line.strip()]
+        return lines[-1].split(": ", 1)[-1] if lines else type(exc).__name__
+    return text
 
 
 def _evaluate(args: argparse.Namespace) -> int:

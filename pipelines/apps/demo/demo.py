@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipelines.apps.demo.probe import linear_probe
 from pipelines.apps.demo.synthetic import SyntheticConfig, SyntheticDataset, generate
 
 log = logging.getLogger(__name__)
@@ -36,18 +37,18 @@ class DemoConfig:
     image_size: int = 128
     max_shapes: int = 4
     # the c4-small detector on the scenes' own boxes (shapes as classes, colours as attributes)
-    detector_steps: int = 900
+    detector_steps: int = 800
     detector_lr: float = 2e-3
     boxes: int = 10
     # with --weights, the R101 at toy scale: its res5 head costs ~proposals x pooler^2, the bulk of CPU time
     proposals: int = 12
     pooler_resolution: int = 5
     extract_batch_size: int = 8
-    pretrain_steps: int = 300
+    pretrain_steps: int = 600
     pretrain_lr: float = 5e-4
-    finetune_steps: int = 1500
+    finetune_steps: int = 2200
     finetune_lr: float = 1e-3
-    caption_steps: int = 400
+    caption_steps: int = 300
     caption_lr: float = 2e-3
     batch_size: int = 32
     log_every: int = 10
@@ -430,6 +431,7 @@ def run_demo(cfg: DemoConfig, xmodal: Callable[[list[str]], int]) -> dict:
     )
     detector = None if cfg.weights else _train_detector(stages, cfg, data, paths)
     _extract(stages, cfg, data, paths)
+    probe = stages.timed("probe", lambda: linear_probe(data.scenes, paths.features, cfg.seed))
     _train(stages, cfg, data, paths)
     _evaluate_other_images(stages, cfg, data, paths)
 
@@ -447,6 +449,7 @@ def run_demo(cfg: DemoConfig, xmodal: Callable[[list[str]], int]) -> dict:
         "detector_weights": _detector_weights(cfg, paths),
         "detector_trained": detector is not None,
         "detector": detector,
+        "probe": probe,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
     }
     summary["margin_points"] = round(summary["accuracy"] - summary["baseline_accuracy"], 2)

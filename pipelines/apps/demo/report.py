@@ -200,6 +200,12 @@ def _headline(s: Mapping) -> str:
         rows.append(
             ("detector box AP50 / AP (held-out scenes)", f"{_pct(100 * d['AP50'])} / {_pct(100 * d['AP'])}")
         )
+    probe = s.get("probe") or {}
+    if "shape_accuracy" in probe:
+        rows.append((
+            f"linear probe on {probe['held_out_regions']} held-out regions: shape / colour",
+            f"{_pct(100 * probe['shape_accuracy'])} / {_pct(100 * probe['colour_accuracy'])}",
+        ))  # fmt: skip
     figures = [_pct(s.get(k)) for k in ("accuracy", "prior_baseline_accuracy", "baseline_accuracy")]
     rows.append(("VQA accuracy / question-type prior / majority answer", " / ".join(figures)))
     prior = s.get("per_type_prior_baseline", {})
@@ -259,7 +265,14 @@ def write_report(inputs: ReportInputs) -> Path:
         "</style></head><body><h1>xmodal demo report</h1>"
     ]
     parts.append(_headline(s))
-    if s.get("detector_trained"):
+    if s.get("detector_weights", "random") == "random":
+        parts.append(
+            "<p class='warn'>RANDOM DETECTOR WEIGHTS: the Faster R-CNN ran with fixed-seed random weights. "
+            "Its boxes, labels and features carry no learned meaning; whatever the model learned here it "
+            "learned from raw, randomly projected pixels. Train a detector (<code>xmodal detector "
+            "train</code>) or pass released weights.</p>"
+        )
+    elif s.get("detector_trained"):
         parts.append(
             "<p>The detector was trained here, on the training scenes' own boxes (shapes as object classes, "
             f"colours as attributes): <code>{html.escape(str(s['detector_weights']))}</code>.</p>"

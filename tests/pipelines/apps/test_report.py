@@ -140,6 +140,26 @@ def test_report_links_resolve_and_warn_about_random_weights(tmp_path: Path, imag
         assert link.is_file() and Image.open(link).format == "PNG"
 
 
+def test_the_headline_table_shows_the_runs_own_figures(tmp_path: Path) -> None:
+    summary = {
+        **SUMMARY,
+        "detector_weights": "/runs/detector/best",
+        "detector_trained": True,
+        "detector": {"AP": 0.5, "AP50": 0.925, "attr_acc": 1.0, "APl": None},
+        "probe": {"held_out_regions": 12, "shape_accuracy": 0.75, "colour_accuracy": 1.0},
+        "per_type_accuracy": {"how many": 64.0},
+        "per_type_prior_baseline": {"how many": 26.5},
+    }
+    text = write_report(ReportInputs(out_dir=tmp_path, summary=summary)).read_text()
+    headline = text[text.index("<h2>Headline</h2>") :]
+    headline = headline[: headline.index("</table>")]
+    assert "<td>92.5% / 50.0%</td>" in headline  # detector AP50 / AP
+    assert "12 held-out regions" in headline and "<td>75.0% / 100.0%</td>" in headline
+    assert "<td>64.0% / 26.5%</td>" in headline  # a question type against its prior
+    assert "RANDOM DETECTOR WEIGHTS" not in text and "trained here" in text
+    assert "<th>APl</th><td>n/a</td>" in text  # no large box in the held-out scenes
+
+
 def test_real_weights_drop_the_warning_and_a_miss_is_reported(tmp_path: Path) -> None:
     summary = {**SUMMARY, "detector_weights": "/w/faster_rcnn_from_caffe_attr.pkl", "accuracy": 30.0,
                "margin_points": 10.0, "beats_baseline_by_15": False}  # fmt: skip

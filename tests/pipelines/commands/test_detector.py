@@ -90,6 +90,22 @@ def test_a_missing_image_is_one_line_naming_it(scenes, tmp_path, capsys):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_an_unreadable_image_stops_training_with_one_line_naming_it(scenes, tmp_path, capsys):
+    """An image that only fails when a loader worker decodes it: the error comes back as one line, not the
+    worker's traceback."""
+    images, doc = _copy_data(scenes, tmp_path)
+    bad = doc["images"][3]["file_name"]
+    (images / bad).write_bytes((images / bad).read_bytes()[:60])  # truncated PNG
+    annotations = tmp_path / "train.json"
+    annotations.write_text(json.dumps(doc))
+    argv = _train_argv(images, annotations, tmp_path / "run", "--max-steps", "3", "train.loader_workers=1")
+    assert xmodal(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    line = _one_line(err)
+    assert line.startswith("xmodal detector train: ") and bad in line
+
+
 def test_a_box_outside_its_image_is_counted_or_under_strict_stops_the_run(scenes, tmp_path, capsys, caplog):
     images, doc = _copy_data(scenes, tmp_path)
     ann = doc["annotations"][0]

@@ -108,7 +108,17 @@ def _ray_run(data, out, **train):
             "rpn_batch_size": 32,
         },
     }
-    base = {"max_steps": 2, "batch_size": 4, "lr": 0.005, "warmup_iters": 0, "loader_workers": 0}
+    # SGD (detectron2's optimizer): its step is linear in the gradient, so rounding-level differences in how
+    # the workers' gradients are summed stay at rounding level; Adam divides by sqrt(v) and would turn the
+    # rounding noise of a near-zero gradient into a full-size step
+    base = {
+        "max_steps": 2,
+        "batch_size": 4,
+        "lr": 0.005,
+        "warmup_iters": 0,
+        "loader_workers": 0,
+        "optimizer": "sgd",
+    }
     run = config_io.merge(run, {"task": task, "train": {**base, **train}})
     train_detector(run, out)
     return run, load_file(out / "last" / "model.safetensors")
