@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     det = parser.add_argument_group("detector")
     det.add_argument(
         "--weights",
-        help="detector checkpoint: faster_rcnn_from_caffe_attr.pkl, HuggingFace pytorch_model.bin or "
-        ".safetensors (default: random weights, for tests only)",
+        help="detector checkpoint: faster_rcnn_from_caffe_attr.pkl, HuggingFace pytorch_model.bin, "
+        ".safetensors, or a trained detector directory (RUN/best of `xmodal detector train`; its own "
+        "architecture and class names) (default: random weights, for tests only)",
     )
     det.add_argument("--preset", help=f"detector preset {default('preset')}")
     det.add_argument(
