@@ -44,9 +44,9 @@ class DemoConfig:
     proposals: int = 12
     pooler_resolution: int = 5
     extract_batch_size: int = 8
-    pretrain_steps: int = 600
+    pretrain_steps: int = 1200
     pretrain_lr: float = 5e-4
-    finetune_steps: int = 2200
+    finetune_steps: int = 1600
     finetune_lr: float = 1e-3
     caption_steps: int = 300
     caption_lr: float = 2e-3
