@@ -116,13 +116,12 @@ class RPN(nn.Module):
         """detectron2's RPN losses over a batch of images: objectness BCE over the sampled anchors and L1
         (smooth-L1 with beta 0) on the positives' deltas, both summed and divided by images x batch_size."""
         scores_all, deltas_all, labels_all = torch.cat(scores), torch.cat(deltas), torch.cat(labels)
-        targets = torch.cat(
-            [self.box_coder.encode(a, m) for a, m in zip(anchors, matched_boxes, strict=True)]
-        )
         pos = labels_all == 1
         valid = labels_all >= 0
         normalizer = batch_size * len(scores)
-        loss_loc = F.l1_loss(deltas_all[pos], targets[pos], reduction="sum")
+        # targets for the sampled positives only (a few hundred of the tens of thousands of anchors)
+        targets = self.box_coder.encode(torch.cat(anchors)[pos], torch.cat(matched_boxes)[pos])
+        loss_loc = F.l1_loss(deltas_all[pos], targets, reduction="sum")
         loss_cls = F.binary_cross_entropy_with_logits(
             scores_all[valid], labels_all[valid].to(scores_all.dtype), reduction="sum"
         )
