@@ -161,7 +161,8 @@ def captions(scene: Scene) -> list[str]:
 
 
 def questions(scene: Scene) -> list[dict]:
-    """VQA-style questions answerable from the scene: colour (by shape or by side), shape, side, count.
+    """VQA-style questions answerable from the scene: colour (by shape or by side), shape, side (by shape
+    or by colour), count.
 
     Every answer is a single word, so the majority-answer baseline is the most frequent word overall.
     """
@@ -179,6 +180,7 @@ def questions(scene: Scene) -> list[dict]:
             add(f"is the {s.shape} on the left or the right?", s.column, "other", "is the")
         if colours.count(s.colour) == 1:
             add(f"what shape is the {s.colour} object?", s.shape, "other", "what shape is the")
+            add(f"is the {s.colour} object on the left or the right?", s.column, "other", "is the")
         if columns.count(s.column) == 1:
             add(
                 f"what color is the shape on the {s.column}?",

@@ -150,8 +150,8 @@ def test_left_right_answers_match_the_colour_mask(dataset) -> None:
     for row, answer in _answers(ds):
         if row["question_type"] != "is the":
             continue
-        kind = row["sent"].removeprefix("is the ").split(" ")[0]
-        (shape,) = [s for s in scenes[row["img_id"]].shapes if s.shape == kind]
+        word = row["sent"].removeprefix("is the ").split(" ")[0]  # a shape kind, or a colour ("the red object")
+        (shape,) = [s for s in scenes[row["img_id"]].shapes if word in (s.shape, s.colour)]
         if [s.colour for s in scenes[row["img_id"]].shapes].count(shape.colour) > 1:
             continue
         pixels = _read(ds, row["img_id"])
