@@ -19,15 +19,18 @@ class RowFileError(ValueError):
 
 @dataclass(frozen=True)
 class Row:
-    """One row's fields and where it is: `line` for text files (1-based), the row number otherwise."""
+    """One row's fields and where it is: `line` (1-based) in text files, `index` (1-based) among the rows;
+    `where` says it as an error message should (`line 7`, `row 3 (line 12)` in a JSON list, `row 3`)."""
 
     fields: dict[str, Any]
-    line: int
-    unit: str = "line"  # "line" in JSON/CSV files, "row" in Parquet/Arrow ones
+    line: int | None
+    index: int
 
     @property
     def where(self) -> str:
-        return f"{self.unit} {self.line}"
+        if self.line is None:
+            return f"row {self.index}"
+        return f"line {self.line}" if self.index == 0 else f"row {self.index} (line {self.line})"
 
 
 def kind_of(value: object) -> str:
@@ -141,9 +144,9 @@ def _rows_of(path: Path, items: list, lines: list[int]) -> list[Row]:
     for i, item in enumerate(items):
         line = lines[i] if i < len(lines) else i + 1
         if not isinstance(item, dict):
-            problems.add(f"line {line}", f"{kind_of(item)}, not an object")
+            problems.add(f"row {i + 1} (line {line})", f"{kind_of(item)}, not an object")
             continue
-        rows.append(Row(item, line))
+        rows.append(Row(item, line, i + 1))
     problems.raise_if_any("one JSON object per row")
     return rows
 
@@ -194,7 +197,7 @@ def _read_json_lines(path: Path, text: str) -> list[Row]:
         if not isinstance(item, dict):
             problems.add(f"line {n}", f"{kind_of(item)}, not an object")
             continue
-        rows.append(Row(item, n))
+        rows.append(Row(item, n, 0))
     problems.raise_if_any("one JSON object per line (or a JSON list of objects)")
     return rows
 
@@ -218,7 +221,7 @@ def _read_csv(path: Path, text: str, delimiter: str) -> list[Row]:
             if len(values) != len(header):
                 problems.add(f"line {line}", f"{len(values)} values for the header's {len(header)} columns")
                 continue
-            rows.append(Row({h: v for h, v in zip(header, values, strict=True) if h}, line))
+            rows.append(Row({h: v for h, v in zip(header, values, strict=True) if h}, line, 0))
     except csv.Error as exc:
         problems.add(f"line {reader.line_num}", f"not valid CSV ({exc})")
     problems.raise_if_any(f"the header's columns {header}")
@@ -253,4 +256,4 @@ def _read_with_datasets(path: Path) -> list[Row]:
     for name, feature in data.features.items():
         if isinstance(feature, datasets.Image):  # keep {"path", "bytes"}: the rows name images, not pixels
             data = data.cast_column(name, datasets.Image(decode=False))
-    return [Row(dict(item), i + 1, "row") for i, item in enumerate(data)]
+    return [Row(dict(item), None, i + 1) for i, item in enumerate(data)]
