@@ -24,6 +24,7 @@ MAX_LENGTH = 16
 VOCAB_FILE = "vocab.json"  # a captioning run directory's vocabulary
 COUNT_THRESHOLD = 5
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+ANY_SPLIT = ""  # caption rows without a split field: the split their file is given as
 SPLIT_SEPARATOR = ":"  # `dataset_coco.json:test` = the test images of a Karpathy file
 CAPTION_IMAGE_FIELDS = ("image", "img_id", "file_name", "filename", "image_path")
 ROW_SUFFIXES = DATASETS_SUFFIXES | {".csv", ".tsv", ".jsonl"}
@@ -40,7 +41,7 @@ class CaptionImage:
 
     image_id: int | str  # the COCO id when the file gives one, else the image's reference
     filename: str
-    split: str  # train (restval included), val or test
+    split: str  # train (restval included), val, test, or ANY_SPLIT for rows that name none
     captions: list[list[str]]
     raw: list[str]
     filepath: str = ""
@@ -254,7 +255,8 @@ def read_caption_rows(path: str | Path) -> list[CaptionImage]:
             or not all(isinstance(t, str) and t.strip() for t in texts)
         ):
             issues.append(f"'caption' is {kind_of(raw)} (give the caption as text, or 'captions' as a list)")
-        split = KARPATHY_SPLITS.get(str(fields.get("split") or "train"))
+        # a row without a split belongs to whichever split its file is given as (--train or --valid)
+        split = KARPATHY_SPLITS.get(str(fields["split"])) if fields.get("split") else ANY_SPLIT
         if split is None:
             issues.append(f"'split' is {fields['split']!r} (one of {sorted(KARPATHY_SPLITS)})")
         coco_id = fields.get("cocoid", fields.get("image_id") if img_field != "image_id" else None)
@@ -280,7 +282,7 @@ def read_caption_rows(path: str | Path) -> list[CaptionImage]:
 
 def read_caption_file(path: str | Path, split: str | None = None) -> list[CaptionImage]:
     """Images of a Karpathy split JSON, a COCO caption annotation file, or caption rows (`split` None =
-    all; rows without a `split` field are all train)."""
+    all; rows without a `split` field are in every split)."""
     path = Path(path)
     if path.is_dir() or path.suffix.lower() in ROW_SUFFIXES:
         images = read_caption_rows(path)
@@ -293,7 +295,7 @@ def read_caption_file(path: str | Path, split: str | None = None) -> list[Captio
             if isinstance(data, dict) and "images" in data
             else read_caption_rows(path)
         )
-    return images if split is None else [im for im in images if im.split == split]
+    return images if split is None else [im for im in images if im.split in (split, ANY_SPLIT)]
 
 
 def _peek_json(path: Path) -> object:
