@@ -43,6 +43,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
+def _version() -> str:
+    """The installed package's version (the source tree's when run without installing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("xmodal")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="xmodal",
@@ -51,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"xmodal {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text in COMMANDS:
         module_name = f"pipelines.commands.{name}"

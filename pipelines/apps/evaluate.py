@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipelines.data.examples import check_images
+from pipelines.data.image_refs import StoreImages
 from pipelines.engine.trainer import to_device
 from pipelines.tasks.finetuned import load_finetuned
 from storage import FeatureReader
@@ -27,6 +28,22 @@ def metrics_path(predictions_path: str | Path) -> Path:
     """Where the metrics JSON goes: beside the predictions, `<stem>.metrics.json`."""
     path = Path(predictions_path)
     return path.with_name(f"{path.stem}.metrics.json")
+
+
+def joined_path(predictions_path: str | Path) -> Path:
+    """Where the predictions joined to their examples go: beside them, `<stem>.joined.jsonl`."""
+    path = Path(predictions_path)
+    return path.with_name(f"{path.stem}.joined.jsonl")
+
+
+def write_joined(path: str | Path, kind, examples: Sequence, predictions: dict) -> Path:
+    """One JSON line per example: what it asks (image, question, references) and the prediction."""
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
+        for ex in examples:
+            row = {**kind.describe(ex), "prediction": predictions.get(ex.key)}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
 
 
 def evaluate(
@@ -61,7 +78,7 @@ def evaluate(
     examples = kind.load_examples(split)
     if not examples:
         raise ValueError(f"{', '.join(map(str, split))} holds no example")
-    reader = FeatureReader(features)
+    reader = StoreImages(FeatureReader(features))
     if reader.feature_dim != tuned.model.config.visual_feat_dim:
         raise ValueError(
             f"the store holds {reader.feature_dim}-d features, the model expects "
@@ -79,7 +96,8 @@ def evaluate(
     batches = (to_device(b, dev) for b in loader)
     predictions, loss = kind.predict(tuned.model, batches, tuned.answers, **options)
     path = kind.write_predictions(out, predictions)
-    log.info("wrote %d predictions to %s", len(predictions), path)
+    joined = write_joined(joined_path(path), kind, examples, predictions)
+    log.info("wrote %d predictions to %s (with their examples: %s)", len(predictions), path, joined)
     if any(e.label is None for e in examples):
         log.info("the split is (partly) unlabelled: no metrics, submit %s to the evaluation server", path)
         return None

@@ -9,11 +9,15 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE, DEFAULT_DEVICE
+    from pipelines.commands.images_option import add_images_arguments
     from pipelines.tasks import finetuning_tasks
 
     parser.add_argument("task", choices=finetuning_tasks(), help="the task the checkpoint was tuned for")
     parser.add_argument("--checkpoint", required=True, help="fine-tuned directory (runs/vqa/best)")
-    parser.add_argument("--features", nargs="+", required=True, metavar="LMDB", help="feature stores")
+    parser.add_argument(
+        "--features", nargs="+", default=[], metavar="LMDB", help="feature stores (or --images DIR)"
+    )
+    add_images_arguments(parser)
     parser.add_argument(
         "--split",
         nargs="+",
@@ -45,12 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.apps.evaluate import evaluate, metrics_path
+    from pipelines.apps.evaluate import evaluate, joined_path, metrics_path
+    from pipelines.commands.images_option import store_for_rows
+    from pipelines.tasks import get_finetune_task
 
     try:
+        features = args.features
+        if args.images:
+            features = [str(store_for_rows(args, get_finetune_task(args.task).load_examples, args.split))]
+        elif not features:
+            raise ValueError("give the features: --features feats.lmdb, or --images DIR to extract them")
         metrics = evaluate(
             args.checkpoint,
-            args.features,
+            features,
             args.split,
             args.out,
             task=args.task,
@@ -61,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, FileNotFoundError) as exc:
         print(f"xmodal evaluate: {exc}", file=sys.stderr)
         return 1
-    print(f"predictions: {args.out}")
+    print(f"predictions: {args.out} (joined to their examples: {joined_path(args.out)})")
     if metrics is None:
         print("the split has unlabelled examples: no metrics (submit the predictions to the server)")
         return 0

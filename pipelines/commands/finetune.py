@@ -7,11 +7,17 @@ import os
 import sys
 from pathlib import Path
 
+from pipelines.commands.images_option import add_images_arguments, store_for_rows
 from pipelines.commands.run_options import add_run_arguments, resolve_run_config
 
 EPILOG = """\
-data: VQA/GQA JSON rows {question_id, img_id, sent, label: {answer: score}}, NLVR2 rows
-{identifier, img0, img1, sent, label: 0|1} (JSON list or JSON lines); every image id must be in --features.
+data (JSON list, JSON lines, CSV, or a datasets Parquet/Arrow export): VQA/GQA rows {image, question,
+answer | answers} or LXMERT's {question_id, img_id, sent, label: {answer: score}}; caption rows {image,
+caption}, Karpathy's dataset_coco.json or COCO captions_*.json; NLVR2 rows {identifier, img0, img1, sent,
+label: 0|1}. A row's image is looked up in --features as extract stored it (the stem, or the relative
+path with --id-from relpath; `sub/a.jpg`, `a.jpg` and `a` find it when unambiguous). With --images DIR
+the images the rows name are extracted first into a cache store ($XMODAL_CACHE, else ~/.cache/xmodal),
+resumable and reused by later runs.
 defaults (the release's): BertAdam, lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32, 4 epochs, warm-up 10%,
 clip 5.0.
 precedence: task defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
@@ -28,7 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.tasks import finetuning_tasks
 
     parser.add_argument("task", choices=finetuning_tasks(), help="which fine-tuning task")
-    add_run_arguments(parser, "files")
+    add_run_arguments(parser, "files", features_required=False)
+    add_images_arguments(parser)
+    presets = sorted({name for family in FAMILIES.values() for name in family.config_class.PRESETS})
+    parser.add_argument(
+        "--preset", choices=presets, help="model size without --init (default: task.preset, else base)"
+    )
     parser.add_argument(
         "--arch",
         choices=sorted(FAMILIES),
@@ -48,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipelines.tasks import get_finetune_task
     from pipelines.tasks.finetune import FinetuneRun
     from pipelines.tasks.finetuned import default_run, finetune
 
@@ -62,11 +74,18 @@ def run(args: argparse.Namespace) -> int:
                 "vocab": args.vocab,
                 "answers": args.answers,
                 "init_answers": args.init_answers,
+                "preset": args.preset,
             },
             base=default_run(args.task),
         )
         if run_cfg.task.task != args.task:
             raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
+        if args.images:
+            files = [*run_cfg.task.train_files, *run_cfg.task.valid_files]
+            store = store_for_rows(args, get_finetune_task(args.task).load_examples, files)
+            run_cfg.task.features = [str(store)]
+        elif not run_cfg.task.features:
+            raise ValueError("give the features: --features feats.lmdb, or --images DIR to extract them")
         summary = finetune(run_cfg, out, resume=args.resume)
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal finetune: {exc}", file=sys.stderr)

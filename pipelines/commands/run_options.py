@@ -14,10 +14,17 @@ T = TypeVar("T")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
+def add_run_arguments(
+    parser: argparse.ArgumentParser, data_help: str, features_required: bool = True
+) -> None:
     """Data, run directory, schedule, resume and Ray Train options; `KEY=VALUE` overrides anywhere."""
     parser.add_argument(
-        "--features", nargs="+", required=True, metavar="LMDB", help="feature stores (shards)"
+        "--features",
+        nargs="+",
+        required=features_required,
+        default=[],
+        metavar="LMDB",
+        help="feature stores (shards)" + ("" if features_required else "; or --images DIR"),
     )
     parser.add_argument("--train", nargs="+", required=True, metavar="JSON", help=f"training {data_help}")
     parser.add_argument("--valid", nargs="*", default=[], metavar="JSON", help=f"validation {data_help}")

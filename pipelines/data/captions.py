@@ -1,4 +1,5 @@
-"""Caption data: the Karpathy split JSON, COCO caption annotations, and the word vocabulary."""
+"""Caption data: `{image, caption}` rows, the Karpathy split JSON, COCO caption annotations, and the word
+vocabulary."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import pad_regions, region_arrays
+from pipelines.data.row_files import DATASETS_SUFFIXES, RowProblems, json_cell, kind_of, read_row_file
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, matching model.captioning.CaptionConfig's defaults
@@ -21,7 +24,11 @@ MAX_LENGTH = 16
 VOCAB_FILE = "vocab.json"  # a captioning run directory's vocabulary
 COUNT_THRESHOLD = 5
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
+ANY_SPLIT = ""  # caption rows without a split field: the split their file is given as
 SPLIT_SEPARATOR = ":"  # `dataset_coco.json:test` = the test images of a Karpathy file
+CAPTION_IMAGE_FIELDS = ("image", "img_id", "file_name", "filename", "image_path")
+ROW_SUFFIXES = DATASETS_SUFFIXES | {".csv", ".tsv", ".jsonl"}
+CAPTION_EXPECTED = '{"image": "sub/a.jpg", "caption": "a red car in the snow"} (or captions: [...], split)'
 
 
 class CaptionDataError(ValueError):
@@ -32,9 +39,9 @@ class CaptionDataError(ValueError):
 class CaptionImage:
     """One image with its reference captions (tokenised and raw)."""
 
-    image_id: int
+    image_id: int | str  # the COCO id when the file gives one, else the image's reference
     filename: str
-    split: str  # train (restval included), val or test
+    split: str  # train (restval included), val, test, or ANY_SPLIT for rows that name none
     captions: list[list[str]]
     raw: list[str]
     filepath: str = ""
@@ -68,12 +75,10 @@ def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
         where = f"{path}: images[{index}]"
         if not isinstance(row, dict):
             raise CaptionDataError(f"{where} is not an object")
-        missing = [k for k in ("filename", "split", "sentences") if k not in row]
-        if "cocoid" not in row and "imgid" not in row:
-            missing.append("cocoid")
+        missing = [k for k in ("filename", "sentences") if k not in row]
         if missing:
             raise CaptionDataError(f"{where} lacks field(s) {missing}; is this Karpathy's dataset_coco.json?")
-        split = KARPATHY_SPLITS.get(row["split"])
+        split = KARPATHY_SPLITS.get(row.get("split", "train"))
         if split is None:
             raise CaptionDataError(
                 f"{where} has split {row['split']!r}; expected one of {sorted(KARPATHY_SPLITS)}"
@@ -91,7 +96,9 @@ def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
             captions.append([t.lower() for t in tokens])
             raw.append(text)
         image_id = row.get("cocoid", row.get("imgid"))
-        if not isinstance(image_id, int):
+        if image_id is None:  # Flickr-style files without COCO ids: the image names itself
+            image_id = _karpathy_ref(row)
+        elif not isinstance(image_id, int) or isinstance(image_id, bool):
             raise CaptionDataError(f"{where} has a non-integer cocoid {image_id!r}")
         images.append(
             CaptionImage(image_id, str(row["filename"]), split, captions, raw, str(row.get("filepath", "")))
@@ -192,13 +199,13 @@ class Vocabulary:
 class CaptionExample:
     """One image to caption: its COCO id (`key`), its feature-store id, and its reference captions."""
 
-    image_id: int
-    img_id: str  # the feature-store key: the image file's name without its suffix
+    image_id: int | str  # the COCO id, else the image's reference
+    img_id: str  # the image as the file names it; looked up by pipelines.data.image_refs' rule
     label: tuple[tuple[str, ...], ...] | None  # tokenised references; None when unknown
     raw: tuple[str, ...] = ()
 
     @property
-    def key(self) -> int:
+    def key(self) -> int | str:
         return self.image_id
 
     @property
@@ -215,13 +222,91 @@ def split_spec(spec: str | Path, default: str | None) -> tuple[Path, str | None]
     return Path(text), default
 
 
+def _karpathy_ref(row: dict) -> str:
+    """The image a Karpathy row names: `filepath/filename` when it has a folder, else `filename`."""
+    folder = str(row.get("filepath") or "").strip("/")
+    return f"{folder}/{row['filename']}" if folder else str(row["filename"])
+
+
+def read_caption_rows(path: str | Path) -> list[CaptionImage]:
+    """Images of `{image, caption}` rows (or `{image, captions: [...]}`; optional `split` and COCO
+    `image_id`) in a JSON list, JSON lines, CSV or Parquet file; rows of one image gather its captions.
+    Every malformed row is named in one refusal."""
+    path = Path(path)
+    problems = RowProblems(path)
+    images: dict[str, CaptionImage] = {}
+    for row in read_row_file(path):
+        fields = row.fields
+        issues = []
+        img_field = next((k for k in CAPTION_IMAGE_FIELDS if fields.get(k) not in (None, "")), None)
+        ref = image_ref(fields[img_field]) if img_field else None
+        if img_field is None:
+            issues.append("no 'image'")
+        elif ref is None:
+            issues.append(f"{img_field!r} is {kind_of(fields[img_field])} (give the image's file name)")
+        raw = fields.get("caption", fields.get("captions", fields.get("sentence")))
+        raw = json_cell(raw)
+        texts = [raw] if isinstance(raw, str) else raw
+        if raw is None or raw == "":
+            issues.append("no 'caption'")
+        elif (
+            not isinstance(texts, list)
+            or not texts
+            or not all(isinstance(t, str) and t.strip() for t in texts)
+        ):
+            issues.append(f"'caption' is {kind_of(raw)} (give the caption as text, or 'captions' as a list)")
+        # a row without a split belongs to whichever split its file is given as (--train or --valid)
+        split = KARPATHY_SPLITS.get(str(fields["split"])) if fields.get("split") else ANY_SPLIT
+        if split is None:
+            issues.append(f"'split' is {fields['split']!r} (one of {sorted(KARPATHY_SPLITS)})")
+        coco_id = fields.get("cocoid", fields.get("image_id") if img_field != "image_id" else None)
+        if coco_id not in (None, "") and not (isinstance(coco_id, int) or str(coco_id).isdigit()):
+            issues.append(f"'image_id' is {coco_id!r} (give the COCO id as a whole number, or leave it out)")
+        if issues:
+            for issue in issues:
+                problems.add(row, issue)
+            continue
+        image = images.get(ref)
+        if image is None:
+            image_id = int(coco_id) if coco_id not in (None, "") else ref
+            image = images[ref] = CaptionImage(image_id, ref, split, [], [])
+        elif image.split != split:
+            problems.add(row, f"image {ref!r} is in split {image.split} on an earlier line, {split} here")
+            continue
+        for text in texts:
+            image.raw.append(text.strip())
+            image.captions.append(tokenize_caption(text))
+    problems.raise_if_any(CAPTION_EXPECTED)
+    return list(images.values())
+
+
 def read_caption_file(path: str | Path, split: str | None = None) -> list[CaptionImage]:
-    """Images of a Karpathy split JSON (`split` None = all) or of a COCO caption annotation file."""
-    data = _load_json(path)
-    if isinstance(data, dict) and "annotations" in data and "images" in data and "dataset" not in data:
-        return read_coco_captions(path, split or "train")
-    images = read_karpathy_split(path)
-    return images if split is None else [im for im in images if im.split == split]
+    """Images of a Karpathy split JSON, a COCO caption annotation file, or caption rows (`split` None =
+    all; rows without a `split` field are in every split)."""
+    path = Path(path)
+    if path.is_dir() or path.suffix.lower() in ROW_SUFFIXES:
+        images = read_caption_rows(path)
+    else:
+        data = _peek_json(path)
+        if isinstance(data, dict) and "annotations" in data and "images" in data and "dataset" not in data:
+            return read_coco_captions(path, split or "train")
+        images = (
+            read_karpathy_split(path)
+            if isinstance(data, dict) and "images" in data
+            else read_caption_rows(path)
+        )
+    return images if split is None else [im for im in images if im.split in (split, ANY_SPLIT)]
+
+
+def _peek_json(path: Path) -> object:
+    """The JSON document in `path`, or None for JSON lines (read as rows)."""
+    if not path.is_file():
+        raise CaptionDataError(f"{path}: no such file; pass the path to the caption file")
+    try:
+        with path.open(encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
 
 
 def load_caption_examples(
@@ -235,14 +320,16 @@ def load_caption_examples(
         images = read_caption_file(path, chosen)
         if not images:
             raise CaptionDataError(
-                f"{path}: no images in split {chosen!r}; pass FILE:train, FILE:val or FILE:test"
+                f"{path}: no images in split {chosen!r}; pass FILE:train, FILE:val or FILE:test, or give "
+                "the rows a 'split' field"
             )
         for im in images:
             if im.image_id in seen:
                 raise CaptionDataError(f"{path}: image {im.image_id} repeats (first in {seen[im.image_id]})")
             seen[im.image_id] = path
             refs = tuple(tuple(c) for c in im.captions if c)
-            out.append(CaptionExample(im.image_id, Path(im.filename).stem, refs or None, tuple(im.raw)))
+            ref = _karpathy_ref({"filepath": im.filepath, "filename": im.filename})
+            out.append(CaptionExample(im.image_id, ref, refs or None, tuple(im.raw)))
     return out
 
 

@@ -1,7 +1,10 @@
-"""VQA/GQA data: the community JSON rows, a dataset over the feature store, collation with soft targets."""
+"""VQA/GQA data: question rows (LXMERT's, or image/question/answer as JSON, CSV or Parquet), a dataset
+over the feature store, collation with soft targets."""
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +14,9 @@ import torch
 from torch.utils.data import Dataset
 
 from pipelines.data.answers import AnswerTable
-from pipelines.data.json_rows import field, read_rows
+from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import pad_regions, region_arrays
+from pipelines.data.row_files import RowProblems, json_cell, kind_of, read_row_file
 from pipelines.data.text import EncodedTexts, pad_text
 
 
@@ -36,39 +40,134 @@ class QAExample:
         return (self.img_id,)
 
 
-def _qa_label(row: dict, path: Path, index: int) -> dict[str, float] | None:
-    label = row.get("label")
-    if label is None:
-        return None
-    numeric = (int, float)
-    if not isinstance(label, dict) or not all(
-        isinstance(k, str) and isinstance(v, numeric) and not isinstance(v, bool) for k, v in label.items()
-    ):
-        raise ValueError(f"{path}: row {index} label must map answers to scores, got {label!r}")
-    return {k: float(v) for k, v in label.items()}
+QA_EXPECTED = (
+    '{"image": "sub/a.jpg", "question": "what colour is the car?", "answer": "red"} '
+    "(or answers: a list or {answer: count}, or LXMERT's question_id/img_id/sent/label)"
+)
+IMAGE_FIELDS = ("img_id", "image", "image_id", "imageId", "image_path", "file_name", "filename")
+QUESTION_FIELDS = ("sent", "question")
+ID_FIELDS = ("question_id", "questionId", "id")
+
+
+def answer_score(count: int) -> float:
+    """The release's soft score for an answer given by `count` annotators (of VQA's ten): 0.3 each, 1 from
+    four on (LXMERT's preprocessing `get_score`)."""
+    return min(1.0, 0.3 * count) if count < 4 else 1.0
+
+
+def _first(row: dict, names: tuple[str, ...]) -> tuple[str | None, object]:
+    for name in names:
+        if name in row and row[name] is not None and row[name] != "":
+            return name, row[name]
+    return None, None
+
+
+def _answer_text(value: object) -> str | None:
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _qa_label(row: dict, problems: list[str]) -> dict[str, float] | None:
+    """The soft label of a row's `label`, `answers` or `answer`; None when it has none."""
+    if row.get("label") not in (None, ""):
+        label = json_cell(row["label"])
+        numeric = (int, float)
+        if not isinstance(label, dict) or not all(
+            isinstance(k, str) and isinstance(v, numeric) and not isinstance(v, bool)
+            for k, v in label.items()
+        ):
+            problems.append(f"'label' must map answers to scores, not {str(row['label'])[:40]!r}")
+            return None
+        return {k: float(v) for k, v in label.items()}
+    if row.get("answers") not in (None, ""):
+        answers = json_cell(row["answers"])
+        if isinstance(answers, str):  # a CSV cell: `red|red|dark red`
+            answers = answers.split("|")
+        if isinstance(answers, dict):
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in answers.values()):
+                problems.append("'answers' as an object must map answers to counts (whole numbers)")
+                return None
+            counts = {str(k).strip(): v for k, v in answers.items() if str(k).strip()}
+        elif isinstance(answers, list):
+            texts = [_answer_text(a.get("answer") if isinstance(a, dict) else a) for a in answers]
+            if not texts or any(t is None for t in texts):
+                problems.append("'answers' must list answer strings (or VQA's {\"answer\": ...} objects)")
+                return None
+            counts = dict(Counter(texts))
+        else:
+            problems.append(f"'answers' is {kind_of(answers)} (give a list or {{answer: count}})")
+            return None
+        return {a: answer_score(n) for a, n in counts.items() if n > 0}
+    if row.get("answer") not in (None, ""):
+        text = _answer_text(row["answer"])
+        if text is None:
+            problems.append(f"'answer' is {kind_of(row['answer'])} (give the answer as text)")
+            return None
+        return {text: 1.0}
+    return None
+
+
+def _made_up_id(image: str, question: str, taken: dict) -> str:
+    """A question id from the image and the question, so that it survives reordering the file."""
+    digest = hashlib.sha1(f"{image}\0{question}".encode()).hexdigest()[:12]
+    qid, n = digest, 1
+    while qid in taken:
+        n += 1
+        qid = f"{digest}-{n}"
+    return qid
 
 
 def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample]:
-    """VQA/GQA rows `{question_id, img_id, sent, label?, answer_type?, question_type?}` from files."""
+    """Questions of row files (JSON list, JSON lines, CSV, Parquet): LXMERT's `{question_id, img_id, sent,
+    label}` rows, or `{image, question, answer | answers}` rows whose question id, when absent, is made up
+    from the image and the question. A file with malformed rows is refused listing every problem."""
     out: list[QAExample] = []
     seen: dict[int | str, Path] = {}
     for path in [paths] if isinstance(paths, (str, Path)) else paths:
         path = Path(path)
-        for i, row in enumerate(read_rows(path)):
-            qid = field(row, "question_id", (int, str), path, i)
-            if qid in seen:
-                raise ValueError(f"{path}: row {i} repeats question_id {qid!r} (first in {seen[qid]})")
+        problems = RowProblems(path)
+        for row in read_row_file(path):
+            fields = row.fields
+            issues: list[str] = []
+            img_name, img_value = _first(fields, IMAGE_FIELDS)
+            image = image_ref(img_value)
+            if img_name is None:
+                issues.append("no 'image'")
+            elif image is None:
+                issues.append(f"{img_name!r} is {kind_of(img_value)} (give the image's file name)")
+            q_name, question = _first(fields, QUESTION_FIELDS)
+            if q_name is None:
+                issues.append("no 'question'")
+            elif not isinstance(question, str) or not question.strip():
+                issues.append(f"{q_name!r} is {kind_of(question)} (give the question as text)")
+                question = None
+            label = _qa_label(fields, issues)
+            _, qid = _first(fields, ID_FIELDS)
+            if qid is not None and (not isinstance(qid, (int, str)) or isinstance(qid, bool)):
+                issues.append(f"'question_id' is {kind_of(qid)} (give a number or text)")
+            if qid is not None and qid in seen:
+                issues.append(f"question_id {qid!r} repeats (first in {seen[qid]})")
+            if issues:
+                for issue in issues:
+                    problems.add(row, issue)
+                continue
+            if qid is None:
+                qid = _made_up_id(image, question, seen)
             seen[qid] = path
             out.append(
                 QAExample(
                     question_id=qid,
-                    img_id=field(row, "img_id", str, path, i),
-                    sent=field(row, "sent", str, path, i),
-                    label=_qa_label(row, path, i),
-                    answer_type=row.get("answer_type"),
-                    question_type=row.get("question_type"),
+                    img_id=image,
+                    sent=question.strip(),
+                    label=label,
+                    answer_type=fields.get("answer_type"),
+                    question_type=fields.get("question_type"),
                 )
             )
+        problems.raise_if_any(QA_EXPECTED)
     return out
 
 

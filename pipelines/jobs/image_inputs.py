@@ -12,13 +12,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.data.image_refs import IMAGE_SUFFIXES
 from storage.codec import MAX_ID_BYTES
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"}
-)
 LIST_SUFFIXES = frozenset({".txt", ".lst", ".list"})
 ID_RULES = ("stem", "relpath")
 

@@ -22,6 +22,7 @@ from pipelines.data.captions import (
     collate_captions,
     load_caption_examples,
 )
+from pipelines.data.image_refs import StoreImages
 from pipelines.engine.trainer import TrainConfig
 from pipelines.scoring.captions import evaluate_captions
 from pipelines.scoring.cider import CiderD
@@ -59,7 +60,7 @@ class CaptionTask(FinetuneTask):
         if self.role not in self.family.models:
             captioners = sorted(name for name, f in FAMILIES.items() if self.role in f.models)
             raise ValueError(f"--arch {cfg.arch} is not a captioner; choose one of {captioners}")
-        self.features = FeatureReader(cfg.features)
+        self.features = StoreImages(FeatureReader(cfg.features))
         self.train_examples = self._load_split(cfg.train_files, "train", "training data")
         self.valid_examples = (
             self._load_split(cfg.valid_files, "val", "validation data") if cfg.valid_files else []
@@ -224,11 +225,16 @@ class CaptionTask(FinetuneTask):
         return {name: 100.0 * value for name, value in scores.metrics.items()}
 
     @staticmethod
+    def describe(example: CaptionExample) -> dict:
+        return {"image_id": example.image_id, "image": example.img_id, "references": list(example.raw)}
+
+    @staticmethod
     def write_predictions(path: str | Path, predictions: dict) -> Path:
-        """COCO caption results: a JSON list of `{"image_id": int, "caption": str}`."""
+        """COCO caption results: a JSON list of `{"image_id", "caption"}` (the image's reference as its id
+        when the captions file gave no COCO id)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [{"image_id": int(k), "caption": c} for k, c in predictions.items()]
+        rows = [{"image_id": k, "caption": c} for k, c in predictions.items()]
         path.write_text(json.dumps(rows) + "\n", encoding="utf-8")
         return path
 

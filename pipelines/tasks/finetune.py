@@ -18,6 +18,7 @@ from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, r
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
+from pipelines.data.image_refs import StoreImages
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
 from pipelines.tasks.model_setup import data_overrides
@@ -101,7 +102,7 @@ class FinetuneTask:
             raise ValueError("no training file given: pass --train train.json")
         self.config = cfg
         self.family = _family(cfg)
-        self.features = FeatureReader(cfg.features)
+        self.features = StoreImages(FeatureReader(cfg.features))
         self.train_examples = self._load(cfg.train_files, "training data")
         self.valid_examples = self._load(cfg.valid_files, "validation data") if cfg.valid_files else []
         unlabelled = [e for e in self.train_examples + self.valid_examples if e.label is None]
@@ -168,6 +169,11 @@ class FinetuneTask:
         """`predictions` in the official format of the task's evaluation server or script."""
         raise NotImplementedError
 
+    @staticmethod
+    def describe(example) -> dict:
+        """What a reader needs beside a prediction to know what it answers (the joined predictions)."""
+        return {"id": example.key, "images": list(example.images)}
+
     @classmethod
     def build_head(cls, family, config, answers: AnswerTable | None) -> torch.nn.Module:
         """A randomly initialised model of the task's role."""
@@ -219,10 +225,14 @@ class FinetuneTask:
             examples = kept
         else:
             check_images(examples, self.features, f"{what} ({', '.join(files)})", skippable=True)
-        examples = drop_bad(examples, _images_of, self.features, self.config.skip_bad_records, what)
+        examples = drop_bad(examples, self._stored_ids, self.features, self.config.skip_bad_records, what)
         if not examples:
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable example")
         return examples
+
+    def _stored_ids(self, example: Example) -> list[str]:
+        """The store's ids of an example's images (found by the one reference rule)."""
+        return [self.features.resolve(img) for img in example.images]
 
     def _model_config(self):
         cfg = self.config
@@ -334,10 +344,6 @@ def _family(cfg: FinetuneConfig):
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The model's keyword inputs out of a collated batch."""
     return {k: batch[k] for k in MODEL_INPUTS}
-
-
-def _images_of(example: Example) -> tuple[str, ...]:
-    return example.images
 
 
 def _saved_model_config(directory: Path) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,6 +40,16 @@ class QATask(FinetuneTask):
         return QADataset(examples, features, tokenizer, answers, max_length)
 
     @staticmethod
+    def describe(example) -> dict:
+        gold = sorted(example.label, key=example.label.get, reverse=True) if example.label else None
+        return {
+            "question_id": example.question_id,
+            "image": example.img_id,
+            "question": example.sent,
+            "answers": gold,
+        }
+
+    @staticmethod
     def decode(logits: torch.Tensor, answers: AnswerTable) -> list[str]:
         return [answers.answer(i) for i in logits.argmax(dim=-1).tolist()]
 
@@ -71,6 +82,15 @@ class QATask(FinetuneTask):
             covered,
             len(self.train_examples),
         )
+        unreachable = unreachable_answers(self.valid_examples, table)
+        if unreachable:
+            top = ", ".join(f"{a!r} ({n})" for a, n in unreachable.most_common(5))
+            log.warning(
+                "%d of %d validation answers are not in the answer table: they can never be right (%s)",
+                sum(unreachable.values()),
+                len(self.valid_examples),
+                top,
+            )
         return table
 
     def _after_load(self, model: torch.nn.Module) -> None:
@@ -123,6 +143,15 @@ class GQATask(QATask):
                 f"{questions}: GQA's questions file is its gold (the answers are in it): give it as --gold"
             )
         return score_gqa_files(predictions, gold)
+
+
+def unreachable_answers(examples: Sequence, table: AnswerTable) -> Counter[str]:
+    """The best answer of each labelled question the table cannot give, counted by answer."""
+    out: Counter[str] = Counter()
+    for e in examples:
+        if e.label and not table.labels(e.label):
+            out[max(e.label, key=e.label.get)] += 1
+    return out
 
 
 def seed_answer_head(

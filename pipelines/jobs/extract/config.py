@@ -20,6 +20,7 @@ class ExtractConfig:
     out: str = ""  # the feature store to create or resume
     recursive: bool = False
     id_from: str = "stem"
+    only_ids: list[str] | None = None  # extract just these ids of the listing (None: all)
     preset: str = DEFAULT_PRESET
     weights: str | None = None
     selection: str = "caffe"

@@ -54,6 +54,8 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     t_start = time.perf_counter()
     out = Path(cfg.out)
     ids = unique_ids(cfg.inputs, cfg.recursive, cfg.id_from)
+    if cfg.only_ids is not None:
+        ids &= set(cfg.only_ids)
     total = len(ids)
     old_settings = None
     already = 0

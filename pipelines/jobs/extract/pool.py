@@ -258,8 +258,9 @@ class Job:
 def units(cfg: ExtractConfig, writer) -> Iterator[Unit]:
     """Batches of images not yet in the store, read lazily from the listing."""
     batch: list[ImageInput] = []
+    only = set(cfg.only_ids) if cfg.only_ids is not None else None
     for item in iter_images(cfg.inputs, cfg.recursive, cfg.id_from):
-        if item.img_id in writer:
+        if item.img_id in writer or (only is not None and item.img_id not in only):
             continue
         batch.append(item)
         if len(batch) == cfg.batch_size:

@@ -208,3 +208,12 @@ def test_convert_to_hf_writes_a_directory_transformers_uses_as_it_is(release_fil
 
 
 WORDS = ("the", "red", "ball", "is", "on", "a", "table", "what", "color", "of", "man", "dog")
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"xmodal {version('xmodal')}"

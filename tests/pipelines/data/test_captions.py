@@ -56,7 +56,7 @@ def test_karpathy_split(tmp_path):
         ("{not json", "not valid JSON"),
         (json.dumps({"annotations": []}), "'images' list"),
         (
-            json.dumps({"images": [{"filename": "x.jpg", "split": "train", "sentences": []}]}),
+            json.dumps({"images": [{"cocoid": 1, "split": "train", "sentences": []}]}),
             r"images\[0\] lacks",
         ),
         (json.dumps({"images": [karpathy_row(1, "holdout", ["a"])]}), "split 'holdout'"),

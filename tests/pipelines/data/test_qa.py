@@ -26,13 +26,15 @@ def test_qa_rows_load_from_several_files(tmp_path):
         ("g2", "y", None, None),
     ]
     b.write_text(json.dumps([{"question_id": 1, "img_id": "y", "sent": "again"}]))
-    with pytest.raises(ValueError, match=r"b.json: row 0 repeats question_id 1 \(first in .*a.json\)"):
+    with pytest.raises(
+        ValueError, match=r"b.json: row 1 \(line 1\): question_id 1 repeats \(first in .*a.json\)"
+    ):
         load_qa_examples([a, b])
     b.write_text(json.dumps([{"question_id": 3, "img_id": "y", "sent": "s", "label": {"red": "high"}}]))
-    with pytest.raises(ValueError, match="b.json: row 0 label must map answers to scores"):
+    with pytest.raises(ValueError, match=r"b.json: row 1 \(line 1\): 'label' must map answers to scores"):
         load_qa_examples(b)
     b.write_text("[{]")
-    with pytest.raises(ValueError, match="b.json: neither a JSON list"):
+    with pytest.raises(ValueError, match="b.json: line 1: not valid JSON"):
         load_qa_examples(b)
 
 

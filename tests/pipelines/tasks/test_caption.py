@@ -11,6 +11,7 @@ import torch
 from pipelines.apps.caption import caption_regions
 from pipelines.cli import main
 from pipelines.data.captions import VOCAB_FILE, Vocabulary
+from pipelines.data.image_refs import StoreImages
 from pipelines.engine.checkpoints import STATE_FILE
 from pipelines.engine.run_log import read_metrics
 from pipelines.engine.trainer import TrainConfig
@@ -146,7 +147,7 @@ def test_finetune_and_evaluate_through_the_cli(corpus, tmp_path, capsys, monkeyp
     # the beam width: the run's by default (what validation used), --beam-size otherwise, each caption the
     # one `caption_regions` decodes from the image's stored regions with that width
     tuned = load_finetuned(out / "last")
-    reader = FeatureReader(store)
+    reader = StoreImages(FeatureReader(store))  # rows name files; the store keys stems: the one rule
     ids = {int(e.image_id): e.img_id for e in CaptionTask.load_examples([f"{split_file}:val"])}
 
     def decoded(beam_size: int) -> dict[int, str]:

@@ -388,7 +388,7 @@ def test_bad_inputs_name_the_problem(problem, tmp_path):
     assert len(kept.train_examples) == 4
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps([rows[0], {"question_id": 5, "img_id": "img000"}]))
-    with pytest.raises(ValueError, match=r"broken.json: row 1 has no 'sent' field"):
+    with pytest.raises(ValueError, match=r"broken.json: row 2 \(line 1\): no 'question'"):
         build_task(dataclasses.replace(base, train_files=[str(broken)]))
     with pytest.raises(ValueError, match="visual_feat_dim=64"):
         build_task(

@@ -1,0 +1,54 @@
+"""`--images DIR` for the commands that read rows (finetune, evaluate): the images the rows name are
+extracted into a cache store first (pipelines.jobs.image_cache), so a folder and a file make a model."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+
+def add_images_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("features from an image folder")
+    group.add_argument(
+        "--images",
+        metavar="DIR",
+        help="folder of the pictures the rows name (sub-folders too): extract those not yet cached, then "
+        "use the cache store instead of --features",
+    )
+    group.add_argument(
+        "--detector-weights",
+        metavar="PATH",
+        help="detector checkpoint for --images (as `extract --weights`; default: random weights, tests only)",
+    )
+    group.add_argument(
+        "--extract-config",
+        metavar="YAML",
+        help="ExtractConfig keys for --images (preset, max_boxes, batch_size, overrides, ...)",
+    )
+    group.add_argument(
+        "--cache", metavar="DIR", help="where cache stores go (default: $XMODAL_CACHE, else ~/.cache/xmodal)"
+    )
+
+
+def store_for_rows(args: argparse.Namespace, load_examples: Callable, files: Sequence[str]):
+    """The cache store holding every image the rows of `files` name, extracted from `args.images`."""
+    from pipelines.engine import config_io
+    from pipelines.jobs.extract.config import ExtractConfig, JobError
+    from pipelines.jobs.image_cache import images_store
+    from storage import StoreError
+
+    if args.features:
+        raise ValueError("give --features or --images, not both")
+    cfg = config_io.load(ExtractConfig, args.extract_config)
+    if args.detector_weights:
+        cfg = config_io.merge(cfg, {"weights": args.detector_weights}, where="command line")
+    refs = []
+    for path in files:
+        refs += [(img, str(path)) for ex in load_examples([path]) for img in ex.images]
+    try:
+        return images_store(args.images, refs, cfg, args.cache)
+    except (
+        JobError,
+        StoreError,
+    ) as exc:  # the extraction job's replicas could not run: one line, as `extract` says it
+        raise ValueError(f"extracting {args.images}: {exc}") from exc

@@ -1,0 +1,259 @@
+"""Row files people already have (a JSON list, JSON lines, CSV/TSV, a HF `datasets` Parquet/Arrow
+export), each row with the line it starts on, and refusals that list every problem of a file at once."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAX_LISTED = 8  # rows named in one refusal; the rest are counted
+DATASETS_SUFFIXES = frozenset({".parquet", ".arrow"})
+
+
+class RowFileError(ValueError):
+    """A row file is unreadable or some of its rows are malformed; the message names the file and lines."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row's fields and where it is: `line` (1-based) in text files, `index` (1-based) among the rows;
+    `where` says it as an error message should (`line 7`, `row 3 (line 12)` in a JSON list, `row 3`)."""
+
+    fields: dict[str, Any]
+    line: int | None
+    index: int
+
+    @property
+    def where(self) -> str:
+        if self.line is None:
+            return f"row {self.index}"
+        return f"line {self.line}" if self.index == 0 else f"row {self.index} (line {self.line})"
+
+
+def kind_of(value: object) -> str:
+    """What a JSON value is, in the words of an error message ("a number", "a list")."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text" if value.strip() else "empty"
+    if value is None:
+        return "null"
+    return {"list": "a list", "dict": "an object"}.get(type(value).__name__, type(value).__name__)
+
+
+def json_cell(value: object) -> object:
+    """A CSV cell holding a JSON list or object is that list or object; anything else is itself."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+class RowProblems:
+    """Problems found while reading a file's rows, raised together as one line (`raise_if_any`)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.by_row: dict[str, list[str]] = {}
+
+    def add(self, row: Row | str, problem: str) -> None:
+        where = row.where if isinstance(row, Row) else row
+        self.by_row.setdefault(where, []).append(problem)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_row)
+
+    def raise_if_any(self, expected: str) -> None:
+        """RowFileError naming the file, each bad row (up to MAX_LISTED) with all its problems, and the
+        row the file should hold."""
+        if not self.by_row:
+            return
+        listed = list(self.by_row.items())[:MAX_LISTED]
+        parts = [f"{where}: {', '.join(problems)}" for where, problems in listed]
+        more = len(self.by_row) - len(listed)
+        tail = f"; and {more} more rows" if more > 0 else ""
+        raise RowFileError(f"{self.path}: {'; '.join(parts)}{tail}; expected rows like {expected}")
+
+
+def read_row_file(path: str | Path) -> list[Row]:
+    """The rows of `path` by its content or suffix: .csv/.tsv tables, .parquet/.arrow files and
+    `save_to_disk` folders through HF `datasets`, otherwise JSON (a list of objects, an object with one
+    list of objects such as {"questions": [...]}, or one object per line)."""
+    path = Path(path)
+    if path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES:
+        return _read_with_datasets(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RowFileError(f"cannot read {path}: {exc.strerror}; check the path") from exc
+    if b"\0" in raw[:4096]:
+        raise RowFileError(f"{path}: a binary file, not JSON, JSON lines or CSV rows; give the row file")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RowFileError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from exc
+    if path.suffix.lower() in (".csv", ".tsv"):
+        return _read_csv(path, text, "\t" if path.suffix.lower() == ".tsv" else ",")
+    return _read_json(path, text)
+
+
+def _read_json(path: Path, text: str) -> list[Row]:
+    stripped = text.lstrip()
+    if not stripped:
+        raise RowFileError(f"{path}: the file is empty; give a JSON list of rows or one row per line")
+    if stripped[0] == "[" or (stripped[0] == "{" and _is_one_document(text)):
+        return _read_json_document(path, text)
+    return _read_json_lines(path, text)
+
+
+def _is_one_document(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _read_json_document(path: Path, text: str) -> list[Row]:
+    """A JSON list (or an object holding exactly one list of objects), each row with its start line."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RowFileError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg}); fix the file") from exc
+    if isinstance(data, dict):
+        lists = [k for k, v in data.items() if isinstance(v, list) and v and isinstance(v[0], dict)]
+        if len(lists) != 1:
+            raise RowFileError(
+                f"{path}: a JSON object with keys {sorted(data)[:8]}, not a list of rows; "
+                "give a JSON list of rows, one row per line, or an object holding one list of rows"
+            )
+        return _rows_of(path, data[lists[0]], _item_lines(text, lists[0]))
+    return _rows_of(path, data, _item_lines(text, None))
+
+
+def _rows_of(path: Path, items: list, lines: list[int]) -> list[Row]:
+    problems = RowProblems(path)
+    rows = []
+    for i, item in enumerate(items):
+        line = lines[i] if i < len(lines) else i + 1
+        if not isinstance(item, dict):
+            problems.add(f"row {i + 1} (line {line})", f"{kind_of(item)}, not an object")
+            continue
+        rows.append(Row(item, line, i + 1))
+    problems.raise_if_any("one JSON object per row")
+    return rows
+
+
+def _item_lines(text: str, key: str | None) -> list[int]:
+    """The line each element of the top-level list (or of `data[key]`) starts on."""
+    decoder = json.JSONDecoder()
+    pos = text.index("[") if key is None else _list_start(text, key)
+    lines = []
+    pos += 1
+    n = len(text)
+    while pos < n:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n or text[pos] == "]":
+            break
+        lines.append(text.count("\n", 0, pos) + 1)
+        _, pos = decoder.raw_decode(text, pos)
+    return lines
+
+
+def _list_start(text: str, key: str) -> int:
+    """Where the list under top-level `key` opens (the document is known valid)."""
+    decoder = json.JSONDecoder()
+    pos = text.index("{") + 1
+    while True:
+        while text[pos] in " \t\r\n,":
+            pos += 1
+        name, pos = decoder.raw_decode(text, pos)
+        while text[pos] in " \t\r\n:":
+            pos += 1
+        if name == key:
+            return pos
+        _, pos = decoder.raw_decode(text, pos)
+
+
+def _read_json_lines(path: Path, text: str) -> list[Row]:
+    problems = RowProblems(path)
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.add(f"line {n}", f"not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(item, dict):
+            problems.add(f"line {n}", f"{kind_of(item)}, not an object")
+            continue
+        rows.append(Row(item, n, 0))
+    problems.raise_if_any("one JSON object per line (or a JSON list of objects)")
+    return rows
+
+
+def _read_csv(path: Path, text: str, delimiter: str) -> list[Row]:
+    reader = csv.reader(text.splitlines(keepends=True), delimiter=delimiter)
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise RowFileError(f"{path}: the file is empty; give a header line then one row per line") from None
+    problems = RowProblems(path)
+    blank = [i + 1 for i, h in enumerate(header) if not h]
+    if blank:
+        problems.add("line 1", f"column(s) {blank} have no name in the header")
+    rows = []
+    try:
+        for values in reader:
+            line = reader.line_num
+            if not any(v.strip() for v in values):
+                continue
+            if len(values) != len(header):
+                problems.add(f"line {line}", f"{len(values)} values for the header's {len(header)} columns")
+                continue
+            rows.append(Row({h: v for h, v in zip(header, values, strict=True) if h}, line, 0))
+    except csv.Error as exc:
+        problems.add(f"line {reader.line_num}", f"not valid CSV ({exc})")
+    problems.raise_if_any(f"the header's columns {header}")
+    return rows
+
+
+def _read_with_datasets(path: Path) -> list[Row]:
+    """Rows of a HF `datasets` export: a Parquet or Arrow file, or a `save_to_disk` folder."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise RowFileError(f"{path}: reading Parquet/Arrow exports needs `pip install datasets`") from exc
+    datasets.disable_progress_bars()
+    try:
+        if path.is_dir():
+            data = datasets.load_from_disk(str(path))
+            if isinstance(data, datasets.DatasetDict):
+                raise RowFileError(
+                    f"{path}: a DatasetDict with splits {sorted(data)}; give one split's folder "
+                    f"({path}/{next(iter(data))})"
+                )
+        else:
+            kind = "parquet" if path.suffix.lower() == ".parquet" else "arrow"
+            data = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except FileNotFoundError as exc:
+        raise RowFileError(f"cannot read {path}: {exc}; check the path") from exc
+    except (ValueError, OSError) as exc:
+        if isinstance(exc, RowFileError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RowFileError(f"{path}: not a readable datasets export ({first})") from exc
+    for name, feature in data.features.items():
+        if isinstance(feature, datasets.Image):  # keep {"path", "bytes"}: the rows name images, not pixels
+            data = data.cast_column(name, datasets.Image(decode=False))
+    return [Row(dict(item), None, i + 1) for i, item in enumerate(data)]

@@ -1,0 +1,114 @@
+"""A feature store for the images a fine-tuning or evaluation run names, extracted from a folder into a
+cache: only the images the rows need, resumable, and reused by the next run over the same folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from pipelines.data.image_refs import AmbiguousImage, ImageIds
+from pipelines.jobs.extract.config import ExtractConfig
+from pipelines.jobs.image_inputs import InputError, iter_images
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "XMODAL_CACHE"  # where cached stores go; default ~/.cache/xmodal
+MAX_NAMED = 5
+
+
+def cache_root() -> Path:
+    """`$XMODAL_CACHE`, else `~/.cache/xmodal`."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "xmodal")
+
+
+def cache_store_path(images: str | Path, cfg: ExtractConfig, cache: str | Path | None = None) -> Path:
+    """The store for `images` under `cfg`'s detector settings: one per folder and detector, so a second
+    run (or another task) over the same folder reuses what the first extracted."""
+    folder = Path(images).resolve()
+    settings = {
+        "folder": str(folder),
+        "preset": cfg.preset,
+        "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
+        "selection": cfg.selection,
+        "boxes": [cfg.min_boxes, cfg.max_boxes],
+        "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(cfg.overrides.items())},
+        "dtype": cfg.dtype,
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    name = re.sub(r"[^\w.-]+", "_", folder.name) or "images"
+    return Path(cache or cache_root()) / "stores" / f"{name}-{digest}.lmdb"
+
+
+def needed_ids(images: str | Path, refs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """{reference: folder id (its path in the folder)} for each (reference, where it is used); InputError
+    naming every reference the folder lacks or holds twice."""
+    listing = {item.img_id: item.path for item in iter_images([images], recursive=True, id_from="relpath")}
+    ids = ImageIds.of(listing)
+    found: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    ambiguous: list[str] = []
+    for ref, where in refs:
+        if ref in found or ref in missing:
+            continue
+        try:
+            img_id = ids.resolve(ref)
+        except AmbiguousImage as exc:
+            ambiguous.append(str(exc))
+            continue
+        if img_id is None:
+            missing[ref] = where
+        else:
+            found[ref] = img_id
+    if ambiguous:
+        raise InputError(f"{images}: {'; '.join(ambiguous[:MAX_NAMED])}")
+    if missing:
+        named = ", ".join(f"{r!r} ({w})" for r, w in list(missing.items())[:MAX_NAMED])
+        more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+        raise InputError(
+            f"{len(missing)} images named by the rows are not in {images}: {named}{more}; "
+            "fix the rows' image names or add the pictures"
+        )
+    return found
+
+
+def images_store(
+    images: str | Path,
+    refs: Iterable[tuple[str, str]],
+    settings: ExtractConfig | None = None,
+    cache: str | Path | None = None,
+) -> Path:
+    """The cached store holding every image `refs` names in the folder `images`, extracting those it
+    lacks first (the extract job's own resume: an interrupted run continues where it stopped)."""
+    from pipelines.jobs.extract.driver import run_extract, summary_path
+    from storage import FeatureReader
+
+    if not Path(images).is_dir():
+        raise InputError(f"--images {images}: not a folder; give the folder holding the pictures")
+    cfg = settings or ExtractConfig()
+    wanted = sorted(set(needed_ids(images, refs).values()))
+    out = cache_store_path(images, cfg, cache)
+    if (out / "data.mdb").is_file():
+        reader = FeatureReader(out)
+        todo = sum(1 for i in wanted if i not in reader)
+        reader.close()
+    else:
+        todo = len(wanted)
+    if todo == 0:
+        log.info("all %d images are in the cache store %s", len(wanted), out)
+        return out
+    log.info("extracting %d of %d images into the cache store %s", todo, len(wanted), out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    job = replace(cfg, inputs=[str(images)], out=str(out), recursive=True, id_from="relpath", only_ids=wanted)
+    summary = run_extract(job)
+    if summary.failed:
+        raise InputError(
+            f"{summary.failed} of the images could not be read (see {summary.errors}); fix or remove "
+            f"them and rerun (the {summary.done} extracted are kept in {out}; summary {summary_path(out)})"
+        )
+    return out

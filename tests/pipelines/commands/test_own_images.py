@@ -1,0 +1,216 @@
+"""Your own images in one sitting: nested folders with mixed suffixes, a CSV of questions with plain answers
+and a JSON of {image, caption} rows → finetune vqa --images → ask → finetune caption → evaluate caption,
+with no id or format conversion written by hand; and a table of malformed files, each one error line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from pipelines.cli import main
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+# (path in the folder, colour); the rows name them as a user would: with folders, bare names, no suffix
+PHOTOS = [
+    ("2023/beach/IMG_001.jpg", "red"),
+    ("2023/beach/IMG_002.JPG", "green"),
+    ("2023/city/IMG_003.png", "blue"),
+    ("2023/city/IMG_004.jpeg", "red"),
+    ("2024/IMG_005.png", "green"),
+    ("2024/IMG_006.jpg", "blue"),
+    ("2024/trip/IMG_007.webp", "red"),
+    ("2024/trip/IMG_008.png", "green"),
+    ("IMG_009.jpg", "blue"),
+    ("IMG_010.jpg", "red"),
+]
+WORDS = ["what", "colour", "is", "the", "square", "?", "red", "green", "blue", "a", "picture"]
+# A small random-weight detector and small inputs: well under a second an image on 2 cores.
+EXTRACT = {
+    "min_boxes": 4,
+    "max_boxes": 4,
+    "batch_size": 5,
+    "workers": 1,
+    "progress": False,
+    "include_dashboard": False,
+    "overrides": {
+        "min_size": 64,
+        "max_size": 96,
+        "post_nms_topk": 12,
+        "pooler_resolution": 1,
+        "blocks_per_stage": [1, 1, 1],
+    },
+}
+
+
+def reference(path: str, i: int) -> str:
+    """How the rows name a photo: the path, the bare name, or the name without its suffix."""
+    return [path, Path(path).name, path.rsplit(".", 1)[0]][i % 3]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sitting(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("own")
+    photos = root / "photos"
+    rng = np.random.default_rng(0)
+    for path, colour in PHOTOS:
+        pixels = rng.integers(0, 60, size=(72, 96, 3), dtype=np.uint8)
+        pixels[16:56, 24:72] = COLOURS[colour]
+        (photos / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(
+            photos / path, format=Image.registered_extensions()[Path(path).suffix.lower()]
+        )
+    questions = root / "questions.csv"
+    lines = ["image,question,answer"]
+    lines += [f"{reference(p, i)},what colour is the square?,{c}" for i, (p, c) in enumerate(PHOTOS)]
+    questions.write_text("\n".join(lines) + "\n")
+    captions = root / "captions.json"
+    captions.write_text(
+        json.dumps(
+            [{"image": reference(p, i + 1), "caption": f"a {c} square"} for i, (p, c) in enumerate(PHOTOS)]
+        )
+    )
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    config = root / "extract.yaml"
+    config.write_text(yaml.safe_dump(EXTRACT))
+    return {
+        "root": root,
+        "photos": photos,
+        "questions": questions,
+        "captions": captions,
+        "vocab": vocab,
+        "extract": config,
+        "cache": root / "cache",
+    }
+
+
+@pytest.mark.slow
+def test_a_folder_and_two_files_make_a_vqa_model_and_a_captioner(sitting, ray_session, capsys, one_thread):
+    s = sitting
+    images = ["--images", str(s["photos"]), "--extract-config", str(s["extract"]), "--cache", str(s["cache"])]
+    vqa = s["root"] / "runs" / "vqa"
+    argv = ["finetune", "vqa", *images, "--train", str(s["questions"]), "--valid", str(s["questions"])]
+    argv += ["--out", str(vqa), "--preset", "tiny", "--vocab", str(s["vocab"]), "--max-steps", "3"]
+    argv += ["--batch-size", "5", "train.loader_workers=0"]
+    assert main(argv) == 0
+    stores = list((s["cache"] / "stores").glob("*.lmdb"))
+    assert len(stores) == 1
+    from storage import FeatureReader
+
+    reader = FeatureReader(stores[0])
+    assert sorted(reader.keys()) == sorted(p for p, _ in PHOTOS)  # the folder's paths are the ids
+    reader.close()
+
+    summary = Path(str(stores[0]).replace(".lmdb", ".summary.json"))
+    before = summary.stat().st_mtime_ns
+    capsys.readouterr()
+    photo = s["photos"] / PHOTOS[0][0]
+    assert main(["ask", str(photo), "what colour is the square?", "--checkpoint", str(vqa / "last"),
+                 "--json", "-", "--device", "cpu", "--min-size", "64", "--max-size", "96"]) == 0  # fmt: skip
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["question"] == "what colour is the square?"
+    assert answer["answers"][0]["answer"] in COLOURS
+
+    caption = s["root"] / "runs" / "caption"
+    argv = ["finetune", "caption", *images, "--train", str(s["captions"]), "--valid", str(s["captions"])]
+    argv += ["--out", str(caption), "--max-steps", "3", "--batch-size", "5", "task.vocab_min_count=1"]
+    argv += ["train.loader_workers=0"]
+    assert main(argv) == 0
+    assert summary.stat().st_mtime_ns == before  # the cache had every image: nothing extracted again
+
+    out = s["root"] / "captions.pred.json"
+    argv = ["evaluate", "caption", "--checkpoint", str(caption / "last"), *images]
+    argv += ["--split", str(s["captions"]), "--out", str(out), "--device", "cpu"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "CIDEr" in printed
+    joined = [
+        json.loads(line) for line in (s["root"] / "captions.pred.joined.jsonl").read_text().splitlines()
+    ]
+    assert [r["image"] for r in joined] == [reference(p, i + 1) for i, (p, _) in enumerate(PHOTOS)]
+    assert all(r["references"] and isinstance(r["prediction"], str) for r in joined)
+
+
+def test_rows_naming_pictures_the_folder_lacks_are_listed(sitting, tmp_path, capsys):
+    rows = tmp_path / "q.csv"
+    rows.write_text(
+        "image,question,answer\nIMG_001.jpg,what?,red\nholiday/IMG_999.jpg,what?,red\nnope,x?,red\n"
+    )
+    argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "2 images named by the rows are not in" in err[0]
+    assert "'holiday/IMG_999.jpg'" in err[0] and "'nope'" in err[0]
+
+
+def test_an_ambiguous_name_is_refused_not_guessed(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    for sub in ("a", "b"):
+        (photos / sub).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(photos / sub / "x.jpg")
+    rows = tmp_path / "q.json"
+    rows.write_text(json.dumps([{"image": "x.jpg", "question": "what?", "answer": "red"}]))
+    argv = ["finetune", "vqa", "--images", str(photos), "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
+    assert "several stored images are called 'x'" in capsys.readouterr().err
+
+
+# (file name, content, what the one error line must name: the line and every problem)
+MALFORMED = [
+    ("no_columns.csv", "image,text\na.jpg,hello\n", ["line 2", "no 'question'"]),
+    ("no_image.csv", "question,answer\nwhat?,red\n", ["line 2", "no 'image'", "image"]),
+    ("short_row.csv", "image,question,answer\na.jpg,what?\n", ["line 2", "2 values for the header's 3"]),
+    ("bad.json", '[{"image": "a.jpg", "question": "q?", "answer": "red"},\n {"image": }]', ["line 2"]),
+    ("bad.jsonl", '{"image": "a.jpg", "question": "q?", "answer": "red"}\n{"image": "b.jpg",\n', ["line 2"]),
+    (
+        "answers_number.json",
+        '[{"image": "a.jpg", "question": "q?", "answers": 3}]',
+        ["'answers' is a number"],
+    ),
+    (
+        "answers_counts.json",
+        '[{"image": "a.jpg", "question": "q?", "answers": {"red": "many"}}]',
+        ["counts (whole numbers)"],
+    ),
+    (
+        "all_wrong.json",
+        '[\n{"image": "a.jpg", "question": "q?", "answer": "red"},\n'
+        '{"image": 1.5, "question": 7, "answer": []}\n]',
+        ["row 2 (line 3)", "'image' is a number", "'question' is a number", "'answer' is a list"],
+    ),
+    ("not_rows.json", '{"version": 2, "info": {}}', ["not a list of rows"]),
+    ("scalars.jsonl", '"a.jpg"\n', ["line 1", "text, not an object"]),
+    ("binary.json", "\0\1\2binary", ["a binary file"]),
+    ("not_stored.csv", "image,question,answer\nelsewhere.jpg,what?,red\n", ["'elsewhere.jpg'", "not in"]),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "named"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_each_malformed_file_is_one_error_line(name, content, named, sitting, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_bytes(content.encode())
+    argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--train", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert name in err[0]
+    for part in named:
+        assert part in err[0], (part, err[0])
+    assert re.match(r"xmodal finetune: ", err[0])
