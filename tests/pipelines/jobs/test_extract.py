@@ -403,6 +403,7 @@ def fake_job(
     in `broken` die on every batch; every batch a replica is given goes to `calls` as (slot, ids)."""
     from pipelines.jobs.extract import pool as extract
     from pipelines.jobs.extract.config import ExtractConfig
+    from pipelines.jobs.extract.sinks import StoreSink
     from pipelines.jobs.image_inputs import ImageInput
 
     monkeypatch.setattr(extract, "ray", FakeRay(newest_first))
@@ -414,7 +415,7 @@ def fake_job(
     decoder_cls = SimpleNamespace(remote=lambda timeout: FakeDecoder())
     slots = [extract.Slot(replica_cls(i), decoder_cls, {}, 1, 60.0) for i in range(workers)]
     cfg = ExtractConfig(inputs=[], out=str(tmp_path / "f.lmdb"), batch_size=2, progress=False)
-    job = extract.Job(cfg, FakeWriter(), slots, sum(map(len, batches)))
+    job = extract.Job(cfg, StoreSink(FakeWriter()), slots, sum(map(len, batches)))
     units = (extract.Unit([ImageInput(i, f"/images/{i}.jpg") for i in batch]) for batch in batches)
     return job, units
 
@@ -427,7 +428,7 @@ def test_a_dead_replica_charges_only_the_batch_it_died_on(monkeypatch, tmp_path,
     job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, newest_first=newest_first)
     job.run(units)
 
-    assert sorted(job.writer.stored) == ["a", "b", "c", "d", "e"]
+    assert sorted(job.sink.writer.stored) == ["a", "b", "c", "d", "e"]
     assert (job.done, job.failed, job.restarts) == (5, 1, 3)
     errors = read_errors(tmp_path / "f.lmdb")
     assert list(errors) == ["p"] and errors["p"]["path"] == "/images/p.jpg"
@@ -442,7 +443,7 @@ def test_every_batch_in_flight_poisonous_stays_under_the_restart_limit(monkeypat
     job, units = fake_job(monkeypatch, tmp_path, batches, poison=set(ids[:n_bad]), workers=workers)
     job.run(units)
 
-    assert sorted(job.writer.stored) == sorted(ids[n_bad:])
+    assert sorted(job.sink.writer.stored) == sorted(ids[n_bad:])
     assert sorted(read_errors(tmp_path / "f.lmdb")) == sorted(ids[:n_bad])
     assert job.restarts <= job.restart_limit
 
@@ -465,7 +466,7 @@ def test_the_batches_a_death_interrupted_come_back_whole(monkeypatch, tmp_path):
     job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, calls=calls)
     job.run(units)
 
-    assert sorted(job.writer.stored) == ["a", "b", "c"] and job.failed == 1
+    assert sorted(job.sink.writer.stored) == ["a", "b", "c"] and job.failed == 1
     given = [ids for _, ids in calls]
     assert given.count(["b", "c"]) == 2 and ["b"] not in given and ["c"] not in given
     assert ["p"] in given and ["a"] in given
@@ -487,7 +488,7 @@ def test_replicas_that_always_die_among_healthy_ones_are_retired_and_cost_no_ima
     )
     job.run(units)
 
-    assert sorted(job.writer.stored) == ids
+    assert sorted(job.sink.writer.stored) == ids
     assert job.failed == 0 and read_errors(tmp_path / "f.lmdb") == {}
     assert [s.retired for s in job.slots] == [i in broken for i in range(workers)]
     assert job.restarts == len(broken) * (job.restart_limit + 1)
@@ -511,7 +512,7 @@ def test_a_culprit_is_retried_on_another_replica_than_the_one_it_died_on(monkeyp
     job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, workers=2, calls=calls)
     job.run(units)
 
-    assert sorted(job.writer.stored) == list("abcdefg") and job.failed == 1
+    assert sorted(job.sink.writer.stored) == list("abcdefg") and job.failed == 1
     slots_of_p = [s for s, ids in calls if "p" in ids]
     assert len(slots_of_p) == 3 and slots_of_p[0] != slots_of_p[1]
 
