@@ -3,17 +3,20 @@ manifest, read as one store wherever a store path is taken."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
-from storage.errors import StoreFormatError
+from storage.errors import StoreError, StoreFormatError
 
 MANIFEST = "shards.json"
 SET_FORMAT = "xmodal-region-shards"
 SET_FORMAT_VERSION = 1
 SHARD_PREFIX = "shard-"
+WRITER_LOCK = "writer.lock"  # held by a shard's writer across each of its commits
 # provenance entries that may differ between shards made by one job (library versions of each node)
 INCIDENTAL = ("merged_from", "versions")
 
@@ -71,14 +74,53 @@ def read_manifest(root: str | os.PathLike) -> dict:
     return manifest
 
 
-def write_manifest(root: str | os.PathLike, provenance: dict) -> None:
-    """Create or replace the manifest of the set `root`: the one provenance record of all its shards."""
+class StaleWriterError(StoreError):
+    """A shard's writer belongs to a job that a later one has replaced."""
+
+
+def write_manifest(root: str | os.PathLike, provenance: dict, writer: str) -> None:
+    """Create or replace the manifest of the set `root`: the one provenance record of all its shards, and
+    the token of the job allowed to write them."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    manifest = {"format": SET_FORMAT, "format_version": SET_FORMAT_VERSION, "provenance": provenance}
+    manifest = {
+        "format": SET_FORMAT,
+        "format_version": SET_FORMAT_VERSION,
+        "provenance": provenance,
+        "writer": writer,
+    }
     tmp = root / f"{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, root / MANIFEST)
+
+
+def claim(root: str | os.PathLike, writer: str) -> None:
+    """Make the job `writer` the only one that may write the set `root`, and return once no earlier job
+    can commit to it any more: after the manifest names the new writer, every shard's lock is taken once,
+    so an earlier job's commit either came before (and is seen by whoever reads the set next) or finds
+    itself replaced (see `writing`). A killed job's replicas may outlive their driver for a while."""
+    root = Path(root)
+    provenance = read_manifest(root).get("provenance", {}) if is_shard_set(root) else {}
+    write_manifest(root, provenance, writer)
+    for shard in sorted(root.glob(f"{SHARD_PREFIX}*")):
+        if (shard / WRITER_LOCK).is_file():
+            with open(shard / WRITER_LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released by close
+
+
+@contextmanager
+def writing(shard: str | os.PathLike, writer: str) -> Iterator[None]:
+    """Hold `shard`'s writer lock for a write, which the job `writer` may make only while the set's
+    manifest names it; StaleWriterError when a later job has claimed the set."""
+    shard = Path(shard)
+    shard.mkdir(parents=True, exist_ok=True)
+    with open(shard / WRITER_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if read_manifest(shard.parent).get("writer") != writer:
+            raise StaleWriterError(
+                f"{shard}: a later extraction job has taken over {shard.parent}; this replica writes no more"
+            )
+        yield
 
 
 def making(meta: dict) -> dict:

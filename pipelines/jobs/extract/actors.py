@@ -77,10 +77,16 @@ class Replica:
     Given a `shard` path (and the job's `cfg`), the replica writes its records there itself and returns
     only their ids: the shard is opened on the first batch (after the driver has checked the settings),
     and each call ends with one commit, so an id the driver hears of is on disk, and a call cut short by
-    a death leaves all or none of its records."""
+    a death leaves all or none of its records. Writes are made under the shard's lock, and only while
+    the set names this `job` as its writer (storage.shards.writing)."""
 
     def __init__(
-        self, build: dict, threads: int, shard: str | None = None, cfg: ExtractConfig | None = None
+        self,
+        build: dict,
+        threads: int,
+        shard: str | None = None,
+        cfg: ExtractConfig | None = None,
+        job: str = "",
     ) -> None:
         import torch
 
@@ -88,6 +94,7 @@ class Replica:
         self.det = self.build_detector(build)
         self.shard = shard
         self.cfg = cfg
+        self.job = job  # the token the shard set's manifest names while this job may write it
         self.writer = None
 
     def build_detector(self, build: dict):
@@ -108,10 +115,13 @@ class Replica:
             found, failed = self._detect(part)
             records.extend(found)
             failures.extend(failed)
-        writer = self._writer()
-        for rec in records:
-            writer.put(rec)  # False when the shard holds it already: it is there once all the same
-        writer.flush()
+        from storage.shards import writing
+
+        with writing(self.shard, self.job):
+            writer = self._writer()
+            for rec in records:
+                writer.put(rec)  # False when the shard holds it already: it is there once all the same
+            writer.flush()
         return [rec.img_id for rec in records], failures
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
     sharded = cfg.shards == "per-replica"
     ids = unique_ids(cfg.inputs, cfg.recursive, cfg.id_from)
     total = len(ids)
-    previous, stored = _existing(out, cfg, ids)
+    previous, stored, job_token = _existing(out, cfg, ids)
     already = len(stored)
     del ids
     local = cfg.address is None and not os.environ.get("RAY_ADDRESS")
@@ -84,7 +85,7 @@ def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
                 build,
                 plan.threads,
                 cfg.decode_timeout,
-                **({"shard": str(shard_path(root, i)), "cfg": cfg} if sharded else {}),
+                **({"shard": str(shard_path(root, i)), "cfg": cfg, "job": job_token} if sharded else {}),
             )
             for i in range(plan.workers)
         ]
@@ -111,7 +112,7 @@ def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
         )
         writer = None
         if sharded:
-            write_manifest(out, provenance)
+            write_manifest(out, provenance, job_token)
             sink = ShardSink(root)
             unit_size = cfg.batch_size * cfg.unit_batches
         else:
@@ -160,11 +161,15 @@ def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
     return summary
 
 
-def _existing(out: Path, cfg: ExtractConfig, ids: set[str]) -> tuple[list[tuple[Path, dict | None]], set]:
+def _existing(
+    out: Path, cfg: ExtractConfig, ids: set[str]
+) -> tuple[list[tuple[Path, dict | None]], set[str], str]:
     """What `out` already holds: each store's path with the settings it was made with, and the ids of
-    `ids` it holds; a store of the other layout, or of another shape, is an InputError before Ray starts."""
+    `ids` it holds; with shards also the token that makes this job the set's only writer. A store of the
+    other layout, or of another shape or settings, is an InputError before Ray starts and before the
+    set is claimed."""
     from storage import FeatureReader
-    from storage.shards import is_shard_set, read_manifest, shards_of
+    from storage.shards import claim, is_shard_set, read_manifest, shards_of
 
     sharded = cfg.shards == "per-replica"
     if sharded and (out / "data.mdb").is_file():
@@ -184,18 +189,27 @@ def _existing(out: Path, cfg: ExtractConfig, ids: set[str]) -> tuple[list[tuple[
         stores = shards_of(out)
     else:
         stores = [out] if (out / "data.mdb").is_file() else []
-    previous, stored = [], set()
+    previous = []
     for path in stores:
         reader = FeatureReader(path, lock=True)
         meta = reader.meta
+        reader.close()
         settings = meta.get("provenance", {}).get("extract_settings")
         check_same_settings(path, settings, recorded_settings(cfg, None))
         check_store_fits(path, meta, cfg)
         previous.append((path, settings))
+    token = ""
+    if sharded:
+        token = uuid.uuid4().hex
+        claim(out, token)  # a killed job's replicas cannot commit after the scan below
+        stores = shards_of(out)
+    stored: set[str] = set()
+    for path in stores:
+        reader = FeatureReader(path, lock=True)
         # ids only, never a record: a sharded job's skip set (a single store's writer answers for itself)
         stored.update(i for i in reader if i in ids)
         reader.close()
-    return previous, stored
+    return previous, stored, token
 
 
 def _close(slots: list[Slot]) -> None:
