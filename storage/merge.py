@@ -12,6 +12,7 @@ from storage import codec
 from storage.btree import BrokenPage
 from storage.errors import CorruptRecordError, StoreError
 from storage.reader import FeatureReader
+from storage.shards import expand
 from storage.writer import FeatureWriter
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,10 @@ def merge_stores(
     `first_wins`. `dst` may be a previous, interrupted merge: the records it already holds are kept. A
     damaged source stops the merge unless `salvage`: then what it still holds is copied, and its broken
     pages and the records failing their checksum are logged and left out (re-extract those: extraction
-    skips stored ids)."""
+    skips stored ids). A shard set (storage.shards) among `srcs` stands for its shards."""
+    for src in srcs:
+        FeatureReader(src).shards  # noqa: B018  (a set's shards made differently are refused, by name)
+    srcs = expand(srcs)[0]
     broken: dict[tuple[str, int], str] = {}
     corrupt: list[str] = []
 

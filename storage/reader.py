@@ -16,6 +16,7 @@ from storage.environment import broken_tree, lmdb_failure, open_environment, wal
 from storage.errors import StoreError, StoreFormatError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta
 from storage.records import RegionFeatures
+from storage.shards import check_set_members, expand
 from storage.validate import BadRecordError, RecordLimits, bad_record, problem
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,9 @@ def release(path: str | os.PathLike) -> None:
 
 class FeatureReader:
     """Mapping img_id -> RegionFeatures over one store or several shards. Shards are expected to hold
-    disjoint ids (`xmodal features merge` checks); where they do not, the first shard listed wins.
+    disjoint ids (`xmodal features merge` checks); where they do not, the first shard listed wins. A shard
+    set directory (storage.shards: what `xmodal extract --shards per-replica` writes) stands for its
+    shards, which must have been made the same way; `paths` lists the stores actually read.
 
     Nothing is opened until first use, and handles opened in a parent process are never used after
     fork, so the reader can be handed to DataLoader workers (fork or spawn). Every read runs in its own
@@ -205,9 +208,9 @@ class FeatureReader:
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        self.paths = [Path(p) for p in paths]
-        if not self.paths:
+        if not paths:
             raise ValueError("FeatureReader needs at least one store path")
+        self.paths, self._sets = expand(paths)
         self.lock = lock
         self.readahead = readahead
         self.validate = validate or skip_bad
@@ -224,10 +227,14 @@ class FeatureReader:
             "readahead": self.readahead,
             "validate": self.validate,
             "skip_bad": self.skip_bad,
+            "sets": self._sets,
         }
 
     def __setstate__(self, state: dict) -> None:
+        sets = state.pop("sets", None)
         self.__init__(**state)
+        if sets is not None:  # the shards the sender read, even if a job added one since
+            self.paths, self._sets = state["paths"], sets
 
     @property
     def shards(self) -> list[_Shard]:
@@ -247,6 +254,9 @@ class FeatureReader:
                         f"{shard.path} has {key}={shard.meta[key]!r} but {shards[0].path} has "
                         f"{first[key]!r}: shards read together must agree"
                     )
+        for root in dict.fromkeys(s for s in self._sets if s is not None):
+            members = [(sh.path, sh.meta) for sh, s in zip(shards, self._sets, strict=True) if s == root]
+            check_set_members(root, members)
         return shards
 
     @property

@@ -17,6 +17,11 @@ line, relative to the list's folder) or single images. Ids are file stems unless
 duplicate ids stop the job before any work.
 
 Resume is the default: ids already in --out are skipped, so rerun the same command after a crash.
+--shards per-replica: --out is a directory holding shards.json (the job's one provenance record) and
+shard-000/, shard-001/, ... (one store per replica, written by the replica itself; the driver hands out
+work units and counts ids, never region bytes). Give a path every node sees (a shared filesystem). Every
+command that reads features takes the directory as one store; `xmodal features merge DIR one.lmdb` makes
+one file. An image is in exactly one shard whatever is killed; a rerun skips what any shard holds.
 Beside the store: NAME.errors.jsonl (this run's failed images: img_id, path, reason) and
 NAME.summary.json (total, done, skipped, failed, images_per_s, elapsed_s, ...), also printed.
 Exit status: 0; 2 when more than --max-failures images failed (after finishing all others); 1 for
@@ -34,7 +39,7 @@ cluster can see.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from extraction.config import SELECTION_RULES
-    from pipelines.jobs.extract.config import ExtractConfig
+    from pipelines.jobs.extract.config import SHARD_MODES, ExtractConfig
     from pipelines.jobs.image_inputs import ID_RULES
 
     def default(name: str) -> str:
@@ -91,6 +96,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ray_group = parser.add_argument_group("Ray")
     ray_group.add_argument("--batch-size", type=int, help=f"images per detector call {default('batch_size')}")
     ray_group.add_argument(
+        "--shards",
+        choices=SHARD_MODES,
+        help="none: the driver writes one store; per-replica: each replica writes its own shard under "
+        f"--out, read as one store (see below) {default('shards')}",
+    )
+    ray_group.add_argument(
+        "--unit-batches",
+        type=int,
+        help=f"with --shards: detector batches per work unit handed to a replica {default('unit_batches')}",
+    )
+    ray_group.add_argument(
         "--workers", type=int, help="detector replicas (default: one per GPU, else 1 on CPU)"
     )
     ray_group.add_argument(
@@ -145,6 +161,8 @@ def resolve_extract_config(args: argparse.Namespace):
         "min_boxes": args.min_boxes,
         "max_boxes": args.max_boxes,
         "batch_size": args.batch_size,
+        "shards": args.shards,
+        "unit_batches": args.unit_batches,
         "workers": args.workers,
         "gpus_per_worker": args.gpus_per_worker,
         "cpus_per_worker": args.cpus_per_worker,
@@ -170,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         return _submit_self(args)
 
     from extraction.config import resolve_config
-    from pipelines.jobs.extract.config import JobError
+    from pipelines.jobs.extract.config import SHARD_MODES, JobError
     from pipelines.jobs.extract.driver import run_extract
     from pipelines.jobs.image_inputs import InputError
     from storage import StoreError
@@ -179,15 +197,18 @@ def run(args: argparse.Namespace) -> int:
         cfg = resolve_extract_config(args)
         if not cfg.inputs or not cfg.out:
             raise ValueError("give the image folders (or inputs: in --config) and --out (or out:)")
+        if cfg.shards not in SHARD_MODES:
+            raise ValueError(f"shards: {cfg.shards!r} is not one of {', '.join(SHARD_MODES)}")
         detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
         resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
     except ValueError as exc:
         log.error("%s", exc)
         return 1
     timeouts = min(cfg.startup_timeout, cfg.decode_timeout)
-    if cfg.batch_size < 1 or (cfg.workers is not None and cfg.workers < 1) or timeouts <= 0:
+    if min(cfg.batch_size, cfg.unit_batches, cfg.workers or 1) < 1 or timeouts <= 0:
         log.error(
-            "--batch-size and --workers must be at least 1, --startup-timeout and --decode-timeout above 0"
+            "--batch-size, --unit-batches and --workers must be at least 1, --startup-timeout and "
+            "--decode-timeout above 0"
         )
         return 1
     try:
@@ -221,6 +242,8 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         "--min-size": args.min_size,
         "--max-size": args.max_size,
         "--batch-size": args.batch_size,
+        "--shards": args.shards,
+        "--unit-batches": args.unit_batches,
         "--workers": args.workers,
         "--gpus-per-worker": args.gpus_per_worker,
         "--cpus-per-worker": args.cpus_per_worker,

@@ -1,10 +1,11 @@
-"""The job's Ray actors: a CPU decoder per replica, and the detector replica; both report bad images
-instead of raising."""
+"""The job's Ray actors: a CPU decoder per replica, and the detector replica (which, in a sharded job,
+writes its own shard); both report bad images instead of raising."""
 
 from __future__ import annotations
 
 import threading
 
+from pipelines.jobs.extract.config import ExtractConfig, recorded_settings
 from pipelines.jobs.image_inputs import ImageInput
 
 
@@ -71,20 +72,82 @@ def _load_within(path: str, timeout: float):
 
 
 class Replica:
-    """One detector model; `detect` never raises for a bad image, it reports it."""
+    """One detector model; `detect` never raises for a bad image, it reports it.
 
-    def __init__(self, build: dict, threads: int) -> None:
+    Given a `shard` path (and the job's `cfg`), the replica writes its records there itself and returns
+    only their ids: the shard is opened on the first batch (after the driver has checked the settings),
+    and each call ends with one commit, so an id the driver hears of is on disk, and a call cut short by
+    a death leaves all or none of its records. Writes are made under the shard's lock, and only while
+    the set names this `job` as its writer (storage.shards.writing)."""
+
+    def __init__(
+        self,
+        build: dict,
+        threads: int,
+        shard: str | None = None,
+        cfg: ExtractConfig | None = None,
+        job: str = "",
+    ) -> None:
         import torch
 
+        torch.set_num_threads(threads)
+        self.det = self.build_detector(build)
+        self.shard = shard
+        self.cfg = cfg
+        self.job = job  # the token the shard set's manifest names while this job may write it
+        self.writer = None
+
+    def build_detector(self, build: dict):
         from extraction import Detector
 
-        torch.set_num_threads(threads)
-        self.det = Detector.build(**build)
+        return Detector.build(**build)
 
     def info(self) -> dict:
         return {"provenance": self.det.provenance(), "feature_dim": int(self.det.feature_dim)}
 
     def detect(self, batch: DecodedBatch) -> tuple[list, list[tuple[str, str]]]:
+        if self.shard is None:
+            return self._detect(batch)
+        records, failures = [], list(batch.failures)
+        size = self.cfg.batch_size
+        for start in range(0, len(batch.ids), size):
+            part = DecodedBatch(batch.ids[start : start + size], batch.images[start : start + size], [])
+            found, failed = self._detect(part)
+            records.extend(found)
+            failures.extend(failed)
+        from storage.shards import writing
+
+        with writing(self.shard, self.job):
+            writer = self._writer()
+            for rec in records:
+                writer.put(rec)  # False when the shard holds it already: it is there once all the same
+            writer.flush()
+        return [rec.img_id for rec in records], failures
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def _writer(self):
+        if self.writer is None:
+            from storage import FeatureWriter
+
+            provenance = dict(self.det.provenance())
+            provenance["extract_settings"] = recorded_settings(self.cfg, provenance)
+            self.writer = FeatureWriter(
+                self.shard,
+                feature_dim=int(self.det.feature_dim),
+                max_boxes=self.cfg.max_boxes,
+                dtype=self.cfg.dtype,
+                meta=provenance,
+                # never mid-call: `detect` commits once at its end
+                commit_every=1 << 40,
+                commit_bytes=1 << 62,
+            )
+        return self.writer
+
+    def _detect(self, batch: DecodedBatch) -> tuple[list, list[tuple[str, str]]]:
         failures = list(batch.failures)
         if not batch.images:
             return [], failures

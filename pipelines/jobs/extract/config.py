@@ -9,6 +9,8 @@ from pathlib import Path
 from extraction.config import DEFAULT_PRESET
 from pipelines.jobs.image_inputs import InputError
 
+# none: the driver writes one store; per-replica: each replica writes its own shard of a shard set
+SHARD_MODES = ("none", "per-replica")
 SETTINGS_KEYS = ("preset", "selection", "min_boxes", "max_boxes", "overrides", "weights_sha256")
 
 
@@ -28,6 +30,8 @@ class ExtractConfig:
     max_boxes: int = 36
     overrides: dict = field(default_factory=dict)  # Detector.build overrides (min_size, max_size, ...)
     batch_size: int = 4
+    shards: str = "none"  # one of SHARD_MODES
+    unit_batches: int = 8  # with shards: detector batches per work unit (the driver's cost is per unit)
     workers: int | None = None  # None: one per GPU, else one CPU replica
     gpus_per_worker: float = 1.0
     cpus_per_worker: float | None = None  # None: 1 with GPUs, else the CPUs left after decoding, shared
@@ -61,6 +65,8 @@ class ExtractSummary:
     restarts: int
     device: str
     exit_code: int
+    shards: str = "none"
+    driver_cpu_ms_per_image: float = 0.0  # the driver process's CPU while extracting, per image handled
 
 
 def errors_path(out: str | Path) -> Path:

@@ -1,4 +1,5 @@
-"""The Ray extraction job: image folders -> detector replicas -> one LMDB writer, resumable.
+"""The Ray extraction job: image folders -> detector replicas -> one LMDB writer (or, with --shards
+per-replica, one shard per replica that each replica writes itself), resumable.
 
 Design: a hand-rolled actor pool driven by `ray.wait`, rather than Ray Data's `map_batches`. The job
 needs per-image bookkeeping that Ray Data hides: which images a dead replica had in flight (to retry
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,6 +41,7 @@ from pipelines.jobs.extract.config import (
 )
 from pipelines.jobs.extract.plan import DECODE_CPUS, plan_resources
 from pipelines.jobs.extract.pool import Job, Slot, await_replicas, units
+from pipelines.jobs.extract.sinks import ShardSink, StoreSink
 from pipelines.jobs.image_inputs import InputError, unique_ids
 from pipelines.jobs.ray_runtime import init_ray
 
@@ -47,26 +50,22 @@ log = logging.getLogger(__name__)
 __all__ = ["ExtractConfig", "ExtractSummary", "JobError", "errors_path", "run_extract", "summary_path"]
 
 
-def run_extract(cfg: ExtractConfig) -> ExtractSummary:
-    """Extract every image of `cfg.inputs` not yet in `cfg.out`; write errors and summary beside it."""
-    from storage import FeatureReader, FeatureWriter
+def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
+    """Extract every image of `cfg.inputs` not yet in `cfg.out`; write errors and summary beside it.
+
+    `replica`: the detector actor's class (a subclass may build another detector, as benchmarks do)."""
+    from storage import FeatureWriter
+    from storage.shards import shard_path, write_manifest
 
     t_start = time.perf_counter()
     out = Path(cfg.out)
+    sharded = cfg.shards == "per-replica"
     ids = unique_ids(cfg.inputs, cfg.recursive, cfg.id_from)
     if cfg.only_ids is not None:
         ids &= set(cfg.only_ids)
     total = len(ids)
-    old_settings = None
-    already = 0
-    if (out / "data.mdb").is_file():
-        reader = FeatureReader(out, lock=True)
-        meta = reader.meta
-        old_settings = meta.get("provenance", {}).get("extract_settings")
-        already = sum(1 for i in ids if i in reader)
-        reader.close()
-        check_same_settings(out, old_settings, recorded_settings(cfg, None))
-        check_store_fits(out, meta, cfg)
+    previous, stored, job_token = _existing(out, cfg, ids)
+    already = len(stored)
     del ids
     local = cfg.address is None and not os.environ.get("RAY_ADDRESS")
     if local and cfg.weights is not None:
@@ -78,11 +77,19 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     try:
         plan = plan_resources(cfg, local)
         build = build_kwargs(cfg, plan.device)
-        replica_cls = ray.remote(Replica).options(num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=0)
+        replica_cls = ray.remote(replica).options(num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=0)
         decoder_cls = ray.remote(Decoder).options(num_cpus=DECODE_CPUS, max_restarts=0)
+        root = out.resolve()  # the replicas' working directory is not ours
         slots = [
-            Slot(replica_cls, decoder_cls, build, plan.threads, cfg.decode_timeout)
-            for _ in range(plan.workers)
+            Slot(
+                replica_cls,
+                decoder_cls,
+                build,
+                plan.threads,
+                cfg.decode_timeout,
+                **({"shard": str(shard_path(root, i)), "cfg": cfg, "job": job_token} if sharded else {}),
+            )
+            for i in range(plan.workers)
         ]
         try:
             infos = await_replicas(slots, plan, cfg.startup_timeout)
@@ -91,7 +98,8 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
             raise InputError(f"the detector replicas could not start: {lines[-1] if lines else exc}") from exc
         provenance = dict(infos[0]["provenance"])
         provenance["extract_settings"] = recorded_settings(cfg, provenance)
-        check_same_settings(out, old_settings, provenance["extract_settings"])
+        for path, settings in previous:
+            check_same_settings(path, settings, provenance["extract_settings"])
         startup = time.perf_counter() - t_start
         log.info(
             "%d %s replica(s) ready in %.1fs (%g CPU, %g GPU each); %d images, %d already in %s",
@@ -104,23 +112,34 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
             already,
             out,
         )
-        writer = FeatureWriter(
-            out,
-            feature_dim=infos[0]["feature_dim"],
-            max_boxes=cfg.max_boxes,
-            dtype=cfg.dtype,
-            meta=provenance,
-        )
+        writer = None
+        if sharded:
+            write_manifest(out, provenance, job_token)
+            sink = ShardSink(root)
+            unit_size = cfg.batch_size * cfg.unit_batches
+        else:
+            writer = FeatureWriter(
+                out,
+                feature_dim=infos[0]["feature_dim"],
+                max_boxes=cfg.max_boxes,
+                dtype=cfg.dtype,
+                meta=provenance,
+            )
+            sink = StoreSink(writer)
+            stored = writer
+            unit_size = cfg.batch_size
         try:
-            job = Job(cfg, writer, slots, total - already)
+            job = Job(cfg, sink, slots, total - already)
             t_work = time.perf_counter()
-            job.run(units(cfg, writer))
+            cpu_work = time.process_time()
+            job.run(units(cfg, stored, unit_size))
             work_s = max(time.perf_counter() - t_work, 1e-9)
+            driver_cpu_s = time.process_time() - cpu_work
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
     finally:
-        for slot in slots:
-            slot.kill()
+        _close(slots)
         session.close()
     elapsed = time.perf_counter() - t_start
     summary = ExtractSummary(
@@ -137,9 +156,72 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
         restarts=job.restarts,
         device=plan.device,
         exit_code=2 if job.failed > cfg.max_failures else 0,
+        shards=cfg.shards,
+        driver_cpu_ms_per_image=round(1e3 * driver_cpu_s / max(job.done + job.failed, 1), 4),
     )
     _write_json(summary_path(out), asdict(summary))
     return summary
+
+
+def _existing(
+    out: Path, cfg: ExtractConfig, ids: set[str]
+) -> tuple[list[tuple[Path, dict | None]], set[str], str]:
+    """What `out` already holds: each store's path with the settings it was made with, and the ids of
+    `ids` it holds; with shards also the token that makes this job the set's only writer. A store of the
+    other layout, or of another shape or settings, is an InputError before Ray starts and before the
+    set is claimed."""
+    from storage import FeatureReader
+    from storage.shards import claim, is_shard_set, read_manifest, shards_of
+
+    sharded = cfg.shards == "per-replica"
+    if sharded and (out / "data.mdb").is_file():
+        raise InputError(
+            f"{out} is a single store: write shards to a new --out, or resume it without --shards"
+        )
+    if not sharded and is_shard_set(out):
+        raise InputError(
+            f"{out} is a shard set (written with --shards per-replica): resume it with --shards "
+            "per-replica, or `xmodal features merge` it into one store first"
+        )
+    if sharded and out.is_dir() and any(out.iterdir()) and not is_shard_set(out):
+        raise InputError(f"{out} is a directory but not a shard set; choose a new or empty --out")
+    if sharded:
+        if is_shard_set(out):
+            read_manifest(out)
+        stores = shards_of(out)
+    else:
+        stores = [out] if (out / "data.mdb").is_file() else []
+    previous = []
+    for path in stores:
+        reader = FeatureReader(path, lock=True)
+        meta = reader.meta
+        reader.close()
+        settings = meta.get("provenance", {}).get("extract_settings")
+        check_same_settings(path, settings, recorded_settings(cfg, None))
+        check_store_fits(path, meta, cfg)
+        previous.append((path, settings))
+    token = ""
+    if sharded:
+        token = uuid.uuid4().hex
+        claim(out, token)  # a killed job's replicas cannot commit after the scan below
+        stores = shards_of(out)
+    stored: set[str] = set()
+    for path in stores:
+        reader = FeatureReader(path, lock=True)
+        # ids only, never a record: a sharded job's skip set (a single store's writer answers for itself)
+        stored.update(i for i in reader if i in ids)
+        reader.close()
+    return previous, stored, token
+
+
+def _close(slots: list[Slot]) -> None:
+    """Let replicas close their shards (each call ended with a commit: nothing is lost if they cannot),
+    then end every actor."""
+    live = [s for s in slots if not s.retired]
+    if live:
+        ray.wait([s.handle.close.remote() for s in live], num_returns=len(live), timeout=30)
+    for slot in slots:
+        slot.kill()
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -1,5 +1,6 @@
-"""The replica pool and its driver loop: batches in flight per replica (backpressure), results written as
-they arrive, dead replicas restarted or retired, failed images retried alone and then recorded."""
+"""The replica pool and its driver loop: batches in flight per replica (backpressure), results handed to
+the sink as they arrive, dead replicas restarted or retired, failed images retried alone and then
+recorded."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 import ray
@@ -42,8 +43,19 @@ class Unit:
 class Slot:
     """A replica, its decoder and the batches they have in flight; replaced by fresh ones on a death."""
 
-    def __init__(self, replica_cls, decoder_cls, build: dict, threads: int, decode_timeout: float) -> None:
-        self._make = lambda: (replica_cls.remote(build, threads), decoder_cls.remote(decode_timeout))
+    def __init__(
+        self,
+        replica_cls,
+        decoder_cls,
+        build: dict,
+        threads: int,
+        decode_timeout: float,
+        **replica_options,
+    ) -> None:
+        self._make = lambda: (
+            replica_cls.remote(build, threads, **replica_options),
+            decoder_cls.remote(decode_timeout),
+        )
         self.handle, self.decoder = self._make()
         self.inflight: dict[ray.ObjectRef, Unit] = {}
         self.deaths = 0  # deaths since this slot last finished a batch
@@ -77,13 +89,14 @@ class Slot:
 
 
 class Job:
-    """The driver loop: keeps replicas fed, writes results as they come, records failures."""
+    """The driver loop: keeps replicas fed, hands results to the sink (pipelines.jobs.extract.sinks) as
+    they come, records failures."""
 
-    def __init__(self, cfg: ExtractConfig, writer, slots: list[Slot], todo: int) -> None:
+    def __init__(self, cfg: ExtractConfig, sink, slots: list[Slot], todo: int) -> None:
         from tqdm import tqdm
 
         self.cfg = cfg
-        self.writer = writer
+        self.sink = sink
         self.slots = slots
         self.done = 0
         self.failed = 0
@@ -134,7 +147,7 @@ class Job:
                 if slot is not None and ref in slot.inflight:
                     self._collect(ref, slot, owner)
             if time.monotonic() - last_commit >= self.cfg.commit_seconds:
-                self.writer.flush()
+                self.sink.flush()
                 last_commit = time.monotonic()
 
     def _next_unit(self, slot: Slot, live: list[Slot], units: Iterator[Unit]) -> Unit | None:
@@ -171,21 +184,22 @@ class Job:
         without finishing a batch is retired instead of restarted.
         """
         reason = f"its replica or decoder died: {first_line(exc)}"
-        culprit: Unit | None = None
-        lost: list[Unit] = []
+        failed: list[Unit] = []
         for ref, unit in list(slot.inflight.items()):
             owner.pop(ref, None)
             try:
                 # resolves soon: the dead actor fails its calls, the live one finishes what it has
                 result = ray.get(ref)
             except ray.exceptions.RayError:
-                if culprit is None:
-                    culprit = unit
-                else:
-                    unit.attempts -= 1
-                    lost.append(unit)
+                failed.append(unit)
                 continue
             self._store(unit, result, slot)  # finished before the death
+        # every call of the dead pair has come back: what its replica committed is final, and done
+        failed = self._settle(slot, failed)
+        culprit = failed[0] if failed else None
+        lost = failed[1:]
+        for unit in lost:
+            unit.attempts -= 1
         self.restarts += 1
         slot.deaths += 1
         if slot.deaths > self.restart_limit:
@@ -217,13 +231,37 @@ class Job:
             )
         log.warning("%s; retired it, going on with %d replica(s); %s", cause, left, logs)
 
+    def _settle(self, slot: Slot, failed: list[Unit]) -> list[Unit]:
+        """The failed batches less what the dead replica committed to its shard before dying.
+
+        A batch it committed finished, so it is no culprit: its ids are counted done, and those it left
+        out (images that failed, whose report the death lost) are retried uncharged, to be reported again.
+        """
+        held = self.sink.committed(self.slots.index(slot), [i.img_id for u in failed for i in u.items])
+        if not held:
+            return failed
+        left = []
+        for unit in failed:
+            if not any(i.img_id in held for i in unit.items):
+                left.append(unit)
+                continue
+            for item in unit.items:
+                if item.img_id in held:
+                    self.paths.pop(item.img_id, None)
+            n = sum(1 for i in unit.items if i.img_id in held)
+            self.done += n
+            self.bar.update(n)
+            unit.items = [i for i in unit.items if i.img_id not in held]
+            if unit.items:
+                unit.attempts -= 1
+                self.retry.append(unit)
+        return left
+
     def _store(self, unit: Unit, result: tuple[list, list[tuple[str, str]]], slot: Slot) -> None:
         slot.deaths = 0
         records, failures = result
-        for rec in records:
-            if self.writer.put(rec):
-                self.done += 1
-            self.bar.update(1)
+        self.done += self.sink.take(records)
+        self.bar.update(len(records))
         for img_id, reason in failures:
             self._fail(img_id, reason)
         for item in unit.items:
@@ -255,15 +293,15 @@ class Job:
             self.bar.write(f"more failures are not shown; see {self.errors_file}", file=sys.stderr)
 
 
-def units(cfg: ExtractConfig, writer) -> Iterator[Unit]:
-    """Batches of images not yet in the store, read lazily from the listing."""
+def units(cfg: ExtractConfig, stored: Container[str], size: int) -> Iterator[Unit]:
+    """Units of `size` images not yet `stored`, read lazily from the listing."""
     batch: list[ImageInput] = []
     only = set(cfg.only_ids) if cfg.only_ids is not None else None
     for item in iter_images(cfg.inputs, cfg.recursive, cfg.id_from):
-        if item.img_id in writer or (only is not None and item.img_id not in only):
+        if item.img_id in stored or (only is not None and item.img_id not in only):
             continue
         batch.append(item)
-        if len(batch) == cfg.batch_size:
+        if len(batch) == size:
             yield Unit(batch)
             batch = []
     if batch:

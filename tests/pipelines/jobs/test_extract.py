@@ -398,11 +398,13 @@ def fake_job(
     newest_first=False,
     broken: frozenset[int] = frozenset(),
     calls: list | None = None,
+    sink=None,
 ):
     """A `_Job` on fake replicas, and its batches of `ImageInput`s named by id. The replicas of the slots
     in `broken` die on every batch; every batch a replica is given goes to `calls` as (slot, ids)."""
     from pipelines.jobs.extract import pool as extract
     from pipelines.jobs.extract.config import ExtractConfig
+    from pipelines.jobs.extract.sinks import StoreSink
     from pipelines.jobs.image_inputs import ImageInput
 
     monkeypatch.setattr(extract, "ray", FakeRay(newest_first))
@@ -414,9 +416,56 @@ def fake_job(
     decoder_cls = SimpleNamespace(remote=lambda timeout: FakeDecoder())
     slots = [extract.Slot(replica_cls(i), decoder_cls, {}, 1, 60.0) for i in range(workers)]
     cfg = ExtractConfig(inputs=[], out=str(tmp_path / "f.lmdb"), batch_size=2, progress=False)
-    job = extract.Job(cfg, FakeWriter(), slots, sum(map(len, batches)))
+    job = extract.Job(cfg, sink or StoreSink(FakeWriter()), slots, sum(map(len, batches)))
     units = (extract.Unit([ImageInput(i, f"/images/{i}.jpg") for i in batch]) for batch in batches)
     return job, units
+
+
+class FakeShards:
+    """A shard set as the driver sees it: replicas return the ids they committed; `dead_commits`: the ids
+    a replica had committed when it died (its report of them lost)."""
+
+    def __init__(self, dead_commits: set[str]) -> None:
+        self.dead_commits = dead_commits
+        self.taken: list[str] = []
+        self.asked: list[tuple[int, list[str]]] = []
+
+    def take(self, ids: list[str]) -> int:
+        self.taken.extend(ids)
+        return len(ids)
+
+    def flush(self) -> None:
+        pass
+
+    def committed(self, slot: int, ids) -> set[str]:
+        ids = list(ids)
+        self.asked.append((slot, ids))
+        return self.dead_commits & set(ids)
+
+
+@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
+def test_what_a_dead_replica_committed_to_its_shard_is_never_handed_out_again(
+    monkeypatch, tmp_path, newest_first
+):
+    """The replica died after committing ['p', 'a'] but before saying so: those two are done (asked of its
+    shard once every call of it came back) and are never given to a replica again, so they cannot land
+    in a second shard. The batch behind them is now the oldest that failed, so it is charged (split and
+    retried alone), as if the replica had died on it; no image is failed."""
+    calls: list = []
+    batches = [["p", "a"], ["b", "c"], ["d", "e"]]
+    sink = FakeShards({"p", "a"})
+    job, units = fake_job(
+        monkeypatch, tmp_path, batches, poison={"p"}, newest_first=newest_first, calls=calls, sink=sink
+    )
+    job.run(units)
+
+    assert sink.asked == [(0, ["p", "a", "b", "c"])]
+    assert sorted(sink.taken) == ["b", "c", "d", "e"]
+    assert (job.done, job.failed, job.restarts) == (6, 0, 1)
+    given = [ids for _, ids in calls]
+    assert given.count(["p", "a"]) == 1 and ["p"] not in given and ["a"] not in given
+    assert given.count(["b", "c"]) == 1 and ["b"] in given and ["c"] in given
+    assert read_errors(tmp_path / "f.lmdb") == {}
 
 
 @pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
@@ -427,7 +476,7 @@ def test_a_dead_replica_charges_only_the_batch_it_died_on(monkeypatch, tmp_path,
     job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, newest_first=newest_first)
     job.run(units)
 
-    assert sorted(job.writer.stored) == ["a", "b", "c", "d", "e"]
+    assert sorted(job.sink.writer.stored) == ["a", "b", "c", "d", "e"]
     assert (job.done, job.failed, job.restarts) == (5, 1, 3)
     errors = read_errors(tmp_path / "f.lmdb")
     assert list(errors) == ["p"] and errors["p"]["path"] == "/images/p.jpg"
@@ -442,7 +491,7 @@ def test_every_batch_in_flight_poisonous_stays_under_the_restart_limit(monkeypat
     job, units = fake_job(monkeypatch, tmp_path, batches, poison=set(ids[:n_bad]), workers=workers)
     job.run(units)
 
-    assert sorted(job.writer.stored) == sorted(ids[n_bad:])
+    assert sorted(job.sink.writer.stored) == sorted(ids[n_bad:])
     assert sorted(read_errors(tmp_path / "f.lmdb")) == sorted(ids[:n_bad])
     assert job.restarts <= job.restart_limit
 
@@ -465,7 +514,7 @@ def test_the_batches_a_death_interrupted_come_back_whole(monkeypatch, tmp_path):
     job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, calls=calls)
     job.run(units)
 
-    assert sorted(job.writer.stored) == ["a", "b", "c"] and job.failed == 1
+    assert sorted(job.sink.writer.stored) == ["a", "b", "c"] and job.failed == 1
     given = [ids for _, ids in calls]
     assert given.count(["b", "c"]) == 2 and ["b"] not in given and ["c"] not in given
     assert ["p"] in given and ["a"] in given
@@ -487,7 +536,7 @@ def test_replicas_that_always_die_among_healthy_ones_are_retired_and_cost_no_ima
     )
     job.run(units)
 
-    assert sorted(job.writer.stored) == ids
+    assert sorted(job.sink.writer.stored) == ids
     assert job.failed == 0 and read_errors(tmp_path / "f.lmdb") == {}
     assert [s.retired for s in job.slots] == [i in broken for i in range(workers)]
     assert job.restarts == len(broken) * (job.restart_limit + 1)
@@ -511,7 +560,7 @@ def test_a_culprit_is_retried_on_another_replica_than_the_one_it_died_on(monkeyp
     job, units = fake_job(monkeypatch, tmp_path, batches, poison={"p"}, workers=2, calls=calls)
     job.run(units)
 
-    assert sorted(job.writer.stored) == list("abcdefg") and job.failed == 1
+    assert sorted(job.sink.writer.stored) == list("abcdefg") and job.failed == 1
     slots_of_p = [s for s, ids in calls if "p" in ids]
     assert len(slots_of_p) == 3 and slots_of_p[0] != slots_of_p[1]
 

@@ -263,6 +263,40 @@ def _run_config(data, **train):
     return config_io.merge(run, {"task": task, "train": {"batch_size": 8, "lr": 1e-3, **train}})
 
 
+def test_a_shard_set_trains_as_its_merged_store(data, tmp_path):
+    """The store split over two shards as `extract --shards per-replica` writes it: the same run, step for
+    step, as on the one file `features merge` makes of the set."""
+    from storage import FeatureReader
+    from storage.merge import merge_stores
+    from storage.shards import shard_path, write_manifest
+
+    source = FeatureReader(data.features)
+    root = tmp_path / "feats"
+    write_manifest(root, source.meta["provenance"], "job")
+    writers = [
+        FeatureWriter(shard_path(root, i), feature_dim=source.feature_dim, max_boxes=source.max_boxes)
+        for i in range(2)
+    ]
+    for n, img_id in enumerate(source.keys()):
+        writers[n % 2].put(source[img_id])
+    for writer in writers:
+        writer.close()
+    merge_stores([root], tmp_path / "merged.lmdb")
+
+    run = _run_config(data, max_steps=4)
+    results = {}
+    for name, features in (("set", root), ("merged", tmp_path / "merged.lmdb")):
+        task = config_io.merge(run.task, {"features": [str(features)]})
+        fit(PretrainTask(task), run.train, tmp_path / name)
+        results[name] = load_file(tmp_path / name / "last" / "model.safetensors")
+    a, b = results["set"], results["merged"]
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    loss = lambda d: [r["loss"] for r in read_metrics(d / "metrics.jsonl") if "loss" in r]  # noqa: E731
+    assert loss(tmp_path / "set") == loss(tmp_path / "merged") and len(loss(tmp_path / "set")) == 4
+
+
 def test_resume_equals_an_uninterrupted_run(data, tmp_path):
     run = _run_config(data, max_steps=6, grad_accum=2)
     fit(PretrainTask(run.task), run.train, tmp_path / "straight")
