@@ -150,7 +150,7 @@ def test_left_right_answers_match_the_colour_mask(dataset) -> None:
     for row, answer in _answers(ds):
         if row["question_type"] != "is the":
             continue
-        word = row["sent"].removeprefix("is the ").split(" ")[0]  # a shape kind, or a colour ("the red object")
+        word = row["sent"].removeprefix("is the ").split(" ")[0]  # a shape, or a colour ("red object")
         (shape,) = [s for s in scenes[row["img_id"]].shapes if word in (s.shape, s.colour)]
         if [s.colour for s in scenes[row["img_id"]].shapes].count(shape.colour) > 1:
             continue
