@@ -18,6 +18,7 @@ from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, r
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
+from pipelines.data.regions import float_inputs
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
 from pipelines.tasks.model_setup import data_overrides
@@ -333,7 +334,7 @@ def _family(cfg: FinetuneConfig):
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The model's keyword inputs out of a collated batch."""
-    return {k: batch[k] for k in MODEL_INPUTS}
+    return float_inputs({k: batch[k] for k in MODEL_INPUTS})
 
 
 def _images_of(example: Example) -> tuple[str, ...]:
