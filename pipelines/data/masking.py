@@ -4,7 +4,8 @@ Runs in DataLoader workers on a whole micro-batch at once (`PretrainBatch`), eve
 the batch and taken from the `rng` handed in, in a fixed order (mismatches, tokens, objects, answers), so
 a batch is a pure function of its examples and its seed. Validation batches (`evaluation`) also get the
 questions' clean inputs and the soft score of each of their answers in the table, for the QA accuracy.
-Region features stay in the store's dtype (float16): the task widens them on the device."""
+Region features stay in the store's dtype and unmasked: the task widens them on the device and applies the
+object masking drawn here (`apply_object_masking`)."""
 
 from __future__ import annotations
 
@@ -66,23 +67,20 @@ def mask_words(
     return out, np.where(picked, ids, -100)
 
 
-def mask_objects(
-    feats: np.ndarray,
+def draw_object_masking(
     valid: np.ndarray,
     group: np.ndarray,
     rng: np.random.Generator,
     prob: float,
     zero: float = 0.8,
     swap: float = 0.1,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Pick each real object (B, N) with `prob`: a share `zero` of them zeroed, `swap` given the feature of
-    a random object of another image of the batch (`group` = image of each row; the image row and its
-    object each uniform), the rest kept (LXMERT: 80/10/10, ViLBERT: 90/0/10). Returns (new features,
-    picked)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draws of `mask_objects`, without touching features: (picked, zeroed, source) (B, N), where
+    `source` is the flat index (row * N + slot) of the object lent to a swapped one, else -1."""
     picked = (rng.random(valid.shape) < prob) & valid
     fate = rng.random(valid.shape)
-    out = feats.copy()
-    out[picked & (fate < zero)] = 0
+    zeroed = picked & (fate < zero)
+    source = np.full(valid.shape, -1, dtype=np.int64)
     rows, slots = np.nonzero(picked & (fate >= zero) & (fate < zero + swap))
     if rows.size:
         u = rng.random((rows.size, 2))
@@ -97,8 +95,51 @@ def mask_objects(
         s = np.minimum((u[:, 1] * n_real).astype(np.int64), np.maximum(n_real - 1, 0))
         slot = np.argmax(np.cumsum(real, axis=1) > s[:, None], axis=1)
         ok = count > 0
-        out[rows[ok], slots[ok]] = feats[donor[ok], slot[ok]]
-    return out, picked
+        source[rows[ok], slots[ok]] = donor[ok] * valid.shape[1] + slot[ok]
+    return picked, zeroed, source
+
+
+def mask_objects(
+    feats: np.ndarray,
+    valid: np.ndarray,
+    group: np.ndarray,
+    rng: np.random.Generator,
+    prob: float,
+    zero: float = 0.8,
+    swap: float = 0.1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pick each real object (B, N) with `prob`: a share `zero` of them zeroed, `swap` given the feature of
+    a random object of another image of the batch (`group` = image of each row; the image row and its
+    object each uniform), the rest kept (LXMERT: 80/10/10, ViLBERT: 90/0/10). Returns (new features,
+    picked)."""
+    picked, zeroed, source = draw_object_masking(valid, group, rng, prob, zero, swap)
+    out = torch.from_numpy(feats.copy())
+    _apply(out, torch.from_numpy(feats), torch.from_numpy(zeroed), torch.from_numpy(source))
+    return out.numpy(), picked
+
+
+def _apply(out: torch.Tensor, feats: torch.Tensor, zeroed: torch.Tensor, source: torch.Tensor) -> None:
+    """Zero the `zeroed` objects of `out` and give the swapped ones their lent feature from `feats`."""
+    out[zeroed] = 0
+    lent = source >= 0
+    out[lent] = feats.reshape(-1, feats.shape[-1])[source[lent]]
+
+
+def apply_object_masking(batch: dict) -> dict:
+    """`batch` with the collator's object-masking draws applied where the batch is (the device): the
+    stored features become `feat_targets` (when that objective is on) and, masked, `visual_feats`.
+    The loader sends the features once and unmasked: half the bytes, and no copy in the worker."""
+    if "object_zeroed" not in batch:
+        return batch
+    batch = dict(batch)
+    feats = batch["visual_feats"]
+    zeroed, source = batch.pop("object_zeroed"), batch.pop("object_source")
+    if "feat_weights" in batch:
+        batch["feat_targets"] = feats
+    masked = feats.clone()
+    _apply(masked, feats, zeroed, source)
+    batch["visual_feats"] = masked
+    return batch
 
 
 def sample_answers(labels: np.ndarray, scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -229,10 +270,13 @@ class PretrainCollator:
         if cfg.obj or cfg.attr or cfg.feat or cfg.regions:
             group = np.unique(regions.img_ids, return_inverse=True)[1].reshape(-1)
             fates = {"zero": cfg.object_zero, "swap": cfg.object_swap}
-            masked_feats, picked = mask_objects(
-                feats, valid, group, rng, cfg.object_prob, **{k: v for k, v in fates.items() if v is not None}
+            picked, zeroed, source = draw_object_masking(
+                valid, group, rng, cfg.object_prob, **{k: v for k, v in fates.items() if v is not None}
             )
-            out["visual_feats"] = torch.from_numpy(masked_feats)
+            # masked where the batch lands (apply_object_masking): the features cross once, unmasked
+            out["visual_feats"] = torch.from_numpy(feats)
+            out["object_zeroed"] = torch.from_numpy(zeroed)
+            out["object_source"] = torch.from_numpy(source)
             chosen = picked if cfg.object_loss_on == "masked" else valid
             if cfg.obj:
                 out["obj_labels"] = torch.from_numpy(obj)
@@ -241,7 +285,6 @@ class PretrainCollator:
                 out["attr_labels"] = torch.from_numpy(attr)
                 out["attr_weights"] = torch.from_numpy(attr_conf * chosen)
             if cfg.feat:
-                out["feat_targets"] = torch.from_numpy(feats)
                 out["feat_weights"] = torch.from_numpy(picked.astype(np.float32))
             if cfg.regions:
                 out.update(_region_targets(regions.class_probs, picked, obj, obj_conf, self.max_boxes))

@@ -17,7 +17,7 @@ import torch
 from model import get_family
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
-from pipelines.data.masking import MaskingConfig, PretrainCollator
+from pipelines.data.masking import MaskingConfig, PretrainCollator, apply_object_masking
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
 from pipelines.data.regions import float_inputs
 from pipelines.data.text import EncodedTexts, load_tokenizer, save_tokenizer, write_vocab
@@ -279,7 +279,8 @@ class PretrainTask:
 
     def _forward(self, model: torch.nn.Module, batch: dict) -> tuple[PreTrainingOutput, torch.Tensor]:
         """The model on the batch (without QA labels before QA starts) and the loss with `qa_weight`."""
-        inputs = float_inputs({k: batch[k] for k in MODEL_INPUTS if k in batch})
+        inputs = apply_object_masking(float_inputs(batch))
+        inputs = {k: inputs[k] for k in MODEL_INPUTS if k in inputs}
         if not self.qa_active:
             inputs.pop("answer_labels", None)
         out = model(**inputs)

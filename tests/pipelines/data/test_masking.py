@@ -10,6 +10,7 @@ from pipelines.data.masking import (
     MISMATCH_TRIES,
     MaskingConfig,
     PretrainCollator,
+    apply_object_masking,
     mask_objects,
     mask_tokens,
     sample_answers,
@@ -296,7 +297,7 @@ def test_collator_equals_the_per_example_reference(tokenizer):
     for seed in range(25):
         items = _items(10, np.random.default_rng(100 + seed))
         items[1]["img_id"] = "img3"  # an image of the pool: its mismatches must come from others
-        got = collate(_batch(items, tokenizer), np.random.default_rng(seed))
+        got = apply_object_masking(collate(_batch(items, tokenizer), np.random.default_rng(seed)))
         want = _reference_collate(items, tokenizer, pool, cfg, 6, np.random.default_rng(seed))
         for key, value in want.items():
             np.testing.assert_array_equal(got[key].numpy(), value, err_msg=f"{key}, seed {seed}")
@@ -309,7 +310,7 @@ def test_collator_matching_qa_and_weights(tokenizer):
     mismatched = qa = qa_possible = 0
     for _ in range(200):
         items = _items(12, rng)
-        batch = collate(_batch(items, tokenizer), rng)
+        batch = apply_object_masking(collate(_batch(items, tokenizer), rng))
         ids = batch["input_ids"]
         assert ids.shape[0] == 12 and ids.shape[1] <= 20
         assert batch["visual_feats"].shape == (12, 7, 4)
@@ -348,7 +349,8 @@ def test_collator_masked_only_weights_and_switches(tokenizer):
     rng = np.random.default_rng(5)
     pool = [PretrainExample(f"img{i}", f"sentence {i}", "x") for i in range(10)]
     cfg = MaskingConfig(object_loss_on="masked", mlm=False, matched=False, feat=False)
-    batch = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=cfg)(_batch(_items(8, rng), tokenizer), rng)
+    collate = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=cfg)
+    batch = apply_object_masking(collate(_batch(_items(8, rng), tokenizer), rng))
     assert {"lm_labels", "matched_labels", "feat_targets"}.isdisjoint(batch)
     picked = batch["visual_feats"].numpy()
     weights = batch["obj_weights"].numpy()
