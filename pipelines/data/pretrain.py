@@ -11,6 +11,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from pipelines.data.json_rows import read_json
+from pipelines.data.shared_memory import batch_allocator
 from pipelines.data.text import EncodedTexts
 from storage import FeatureReader
 from storage.batch import RegionBatch, concat_batches
@@ -190,7 +191,9 @@ class PretrainDataset(Dataset):
         idx = np.asarray(indices, dtype=np.int64)
         return PretrainBatch(
             indices=idx,
-            regions=self.features.read_batch([self.examples[i].img_id for i in idx], self.width),
+            regions=self.features.read_batch(
+                [self.examples[i].img_id for i in idx], self.width, batch_allocator()
+            ),
             token_ids=self.texts.padded(idx, self.pad_id),
             lengths=self.texts.lengths(idx),
             answer_labels=self.answer_labels[idx],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipelines.data.shared_memory import as_tensor, batch_allocator
 from storage import FeatureReader, RegionFeatures
 from storage.batch import RegionBatch
 
@@ -43,7 +44,7 @@ class PaddedRegions:
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """`visual_feats`, `visual_pos` and `visual_attention_mask` (1 = real region) as tensors."""
         return {
-            "visual_feats": torch.from_numpy(self.feats),
+            "visual_feats": as_tensor(self.feats),
             "visual_pos": torch.from_numpy(self.boxes),
             "visual_attention_mask": torch.from_numpy(self.valid.astype(np.int64)),
         }
@@ -72,7 +73,7 @@ def pad_regions(
 
 def read_regions(features: FeatureReader, img_ids: list[str], width: int | None = None) -> PaddedRegions:
     """The images' regions read in one transaction into padded arrays, features in the store's dtype."""
-    batch = features.read_batch(img_ids, width)
+    batch = features.read_batch(img_ids, width, batch_allocator())
     return PaddedRegions(batch.features, normalized_batch_boxes(batch), batch.valid)
 
 
