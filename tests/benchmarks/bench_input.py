@@ -5,7 +5,8 @@ Base preset data: a store of N records of 36 x 2048 float16 regions, 5 sentences
 pre-training and 2 questions per image for VQA; batches of 256 delivered through ONE DataLoader worker
 process into the measuring (training) process, as the trainer builds them (`BatchDataset`). The old path
 is the package tree at `--old-ref` (`git archive`), run by the same measuring code in a subprocess; the
-new one is this checkout. `ratio` = new / old pre-training samples/s. Prints a table and one JSON line.
+new one is this checkout. `ratio` = new / old pre-training samples/s delivered (`vqa_ratio` for VQA);
+samples per CPU-second of batch building are printed beside them. Prints a table and one JSON line.
 
     .venv/bin/python tests/benchmarks/bench_input.py             # N = 5000, 20 batches per side
     .venv/bin/python tests/benchmarks/bench_input.py --quick     # N = 600, 6 batches per side
@@ -79,9 +80,11 @@ def make_data(work: Path, images: int) -> dict:
             "vqa": str(work / "vqa.json"), "vocab": str(work / "vocab.txt")}  # fmt: skip
 
 
-def measure(data: dict, task_name: str, batch: int, batches: int, workers: int) -> float:
-    """Samples/s of the trainer's micro-batches of `task_name` through `workers` DataLoader workers,
-    after the first batch (worker start-up is paid once per epoch)."""
+def measure(data: dict, task_name: str, batch: int, batches: int, workers: int) -> dict:
+    """`delivered`: samples/s of the trainer's micro-batches of `task_name` through `workers` DataLoader
+    workers into this process, after the first batch (worker start-up is paid once per epoch); `cpu`:
+    samples per CPU-second of building the same batches in this process (what one loader process
+    delivers with a core to itself, whatever else loads the machine)."""
     import torch
 
     from pipelines.engine.trainer import BatchDataset
@@ -114,7 +117,11 @@ def measure(data: dict, task_name: str, batch: int, batches: int, workers: int) 
     next(it)
     start = time.perf_counter()
     count = sum(1 for _ in it)
-    return count * batch / (time.perf_counter() - start)
+    delivered = count * batch / (time.perf_counter() - start)
+    start = time.process_time()
+    for g in range(1, n):
+        loader_data[g]
+    return {"delivered": delivered, "cpu": (n - 1) * batch / (time.process_time() - start)}
 
 
 def run_side(tree: Path, data: dict, args) -> dict:
@@ -175,10 +182,11 @@ def main() -> int:
         rates["old"] = run_side(old, data, args)
         print(f"old: {rates['old']}", file=sys.stderr, flush=True)
     load_after = os.getloadavg()[0]
-    print(f"{'task':<10}{'old samples/s':>15}{'new samples/s':>15}{'new / old':>11}")
+    print(f"{'task':<10}{'samples/s':<16}{'old':>10}{'new':>10}{'new / old':>11}")
     for t in ("pretrain", "vqa"):
-        old, new = rates["old"][t], rates["new"][t]
-        print(f"{t:<10}{old:>15.0f}{new:>15.0f}{new / old:>11.2f}")
+        for kind, label in (("delivered", "1 worker"), ("cpu", "per CPU-s")):
+            old, new = rates["old"][t][kind], rates["new"][t][kind]
+            print(f"{t:<10}{label:<16}{old:>10.0f}{new:>10.0f}{new / old:>11.2f}")
     line = {
         "name": "input",
         "device": "cpu",
@@ -189,10 +197,10 @@ def main() -> int:
         "batches": args.batches,
         "loader_workers": args.loader_workers,
         "old_ref": args.old_ref,
-        "old_samples_per_s": {k: round(v, 1) for k, v in rates["old"].items()},
-        "new_samples_per_s": {k: round(v, 1) for k, v in rates["new"].items()},
-        "vqa_ratio": round(rates["new"]["vqa"] / rates["old"]["vqa"], 2),
-        "ratio": round(rates["new"]["pretrain"] / rates["old"]["pretrain"], 2),
+        "old_samples_per_s": {t: {k: round(v, 1) for k, v in r.items()} for t, r in rates["old"].items()},
+        "new_samples_per_s": {t: {k: round(v, 1) for k, v in r.items()} for t, r in rates["new"].items()},
+        "vqa_ratio": round(rates["new"]["vqa"]["delivered"] / rates["old"]["vqa"]["delivered"], 2),
+        "ratio": round(rates["new"]["pretrain"]["delivered"] / rates["old"]["pretrain"]["delivered"], 2),
     }
     print(json.dumps(line))
     return 0
