@@ -236,9 +236,7 @@ def test_a_loaded_answer_table_keeps_its_rows(data, tmp_path):
             continue
         pairs = [int(i) for i in row if i != -100]
         want = {normalize_answer(a) for a in example.label}
-        assert {normalize_answer(answers[i]) for i in pairs} == want & {
-            normalize_answer(a) for a in answers
-        }
+        assert {normalize_answer(answers[i]) for i in pairs} == want & {normalize_answer(a) for a in answers}
         assert pairs, "every generated label names a colour the table holds"
 
 
