@@ -9,8 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
+import numpy as np
 
 from storage import codec
+from storage.batch import Allocator, RegionBatch, fill_batch
 from storage.btree import BrokenPage, TreeWalk
 from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
 from storage.errors import StoreError, StoreFormatError
@@ -365,6 +367,21 @@ class FeatureReader:
             for shard, txn in zip(shards, txns, strict=True):
                 shard.views -= 1
                 txn.abort()
+
+    def read_batch(
+        self, img_ids: Sequence[str], width: int | None = None, alloc: Allocator = np.zeros
+    ) -> RegionBatch:
+        """The records of `img_ids` (repeats allowed) copied into one padded `RegionBatch`, all read in
+        one transaction per shard: one copy out of the map, straight into the batch's arrays (made by
+        `alloc`), features in the store's dtype. `width`: slots per image (None = the most boxes among
+        them). A missing id raises KeyError; records are checked as `reader[img_id]` checks them."""
+        with self.view() as view:
+            unique = {img_id: None for img_id in img_ids}
+            for img_id in unique:
+                unique[img_id] = view[img_id]
+            records = [unique[img_id] for img_id in img_ids]
+            dtype = np.dtype(self.dtype).newbyteorder("<")
+            return fill_batch(records, width, self.feature_dim, dtype, alloc)
 
     def keys(self, on_damage: Callable[[Path, BrokenPage], None] | None = None) -> Iterator[str]:
         """Ids in key order, shard after shard; reads in short transactions, never holding one open.

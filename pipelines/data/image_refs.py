@@ -115,6 +115,16 @@ class StoreImages:
             raise KeyError(ref)
         return self.reader[img_id]
 
+    def read_batch(self, refs: list[str], *args, **kwargs):
+        """The reader's one-transaction batch read, each reference resolved by the rule first."""
+        ids = []
+        for ref in refs:
+            img_id = self.ids.resolve(ref)
+            if img_id is None:
+                raise KeyError(ref)
+            ids.append(img_id)
+        return self.reader.read_batch(ids, *args, **kwargs)
+
     def get(self, ref: str, default=None):
         img_id = self.ids.resolve(ref)
         return default if img_id is None else self.reader.get(img_id, default)

@@ -1,20 +1,26 @@
 """Pre-training collation: masked tokens, masked objects or regions, mismatched sentences, QA answers.
 
-Runs in DataLoader workers; every random choice comes from the `rng` handed in, so a batch is a pure
-function of its examples and its seed. Validation items (`"evaluation": True`) also get the questions'
-clean inputs and the soft score of each of their answers in the table, for the QA accuracy."""
+Runs in DataLoader workers on a whole micro-batch at once (`PretrainBatch`), every draw vectorised over
+the batch and taken from the `rng` handed in, in a fixed order (mismatches, tokens, objects, answers), so
+a batch is a pure function of its examples and its seed. Validation batches (`evaluation`) also get the
+questions' clean inputs and the soft score of each of their answers in the table, for the QA accuracy.
+Region features stay in the store's dtype and unmasked: the task widens them on the device and applies the
+object masking drawn here (`apply_object_masking`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
-from pipelines.data.pretrain import PretrainExample
-from pipelines.data.regions import pad_regions
+from pipelines.data.pretrain import PretrainBatch, PretrainExample
+from pipelines.data.regions import normalized_batch_boxes
+from pipelines.data.shared_memory import as_tensor
+from pipelines.data.text import EncodedTexts
+
+MISMATCH_TRIES = 10  # draws for a sentence of another image before the pair stays matched (the release's)
 
 
 def mask_tokens(
@@ -62,6 +68,38 @@ def mask_words(
     return out, np.where(picked, ids, -100)
 
 
+def draw_object_masking(
+    valid: np.ndarray,
+    group: np.ndarray,
+    rng: np.random.Generator,
+    prob: float,
+    zero: float = 0.8,
+    swap: float = 0.1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draws of `mask_objects`, without touching features: (picked, zeroed, source) (B, N), where
+    `source` is the flat index (row * N + slot) of the object lent to a swapped one, else -1."""
+    picked = (rng.random(valid.shape) < prob) & valid
+    fate = rng.random(valid.shape)
+    zeroed = picked & (fate < zero)
+    source = np.full(valid.shape, -1, dtype=np.int64)
+    rows, slots = np.nonzero(picked & (fate >= zero) & (fate < zero + swap))
+    if rows.size:
+        u = rng.random((rows.size, 2))
+        donors = (group[None, :] != group[:, None]) & valid.any(axis=1)[None, :]  # (B, B): row may lend
+        eligible = donors[rows]
+        count = eligible.sum(axis=1)
+        # the k-th eligible row, k uniform; a batch of one image has no donor: the feature stays
+        k = np.minimum((u[:, 0] * count).astype(np.int64), np.maximum(count - 1, 0))
+        donor = np.argmax(np.cumsum(eligible, axis=1) > k[:, None], axis=1)
+        real = valid[donor]
+        n_real = real.sum(axis=1)
+        s = np.minimum((u[:, 1] * n_real).astype(np.int64), np.maximum(n_real - 1, 0))
+        slot = np.argmax(np.cumsum(real, axis=1) > s[:, None], axis=1)
+        ok = count > 0
+        source[rows[ok], slots[ok]] = donor[ok] * valid.shape[1] + slot[ok]
+    return picked, zeroed, source
+
+
 def mask_objects(
     feats: np.ndarray,
     valid: np.ndarray,
@@ -72,32 +110,53 @@ def mask_objects(
     swap: float = 0.1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pick each real object (B, N) with `prob`: a share `zero` of them zeroed, `swap` given the feature of
-    a random object of another image of the batch (`group` = image of each row), the rest kept (LXMERT:
-    80/10/10, ViLBERT: 90/0/10). Returns (new features, picked)."""
-    picked = (rng.random(valid.shape) < prob) & valid
-    fate = rng.random(valid.shape)
-    out = feats.copy()
-    out[picked & (fate < zero)] = 0.0
-    for b, n in zip(*np.nonzero(picked & (fate >= zero) & (fate < zero + swap)), strict=True):
-        others = np.nonzero((group != group[b]) & valid.any(axis=1))[0]
-        if len(others) == 0:
-            continue  # a batch of one image has no other image to borrow from: the feature stays
-        j = others[rng.integers(len(others))]
-        slots = np.nonzero(valid[j])[0]
-        out[b, n] = feats[j, slots[rng.integers(len(slots))]]
-    return out, picked
+    a random object of another image of the batch (`group` = image of each row; the image row and its
+    object each uniform), the rest kept (LXMERT: 80/10/10, ViLBERT: 90/0/10). Returns (new features,
+    picked)."""
+    picked, zeroed, source = draw_object_masking(valid, group, rng, prob, zero, swap)
+    out = torch.from_numpy(feats.copy())
+    _apply(out, torch.from_numpy(feats), torch.from_numpy(zeroed), torch.from_numpy(source))
+    return out.numpy(), picked
 
 
-def sample_answer(answers: Sequence[tuple[int, float]], rng: np.random.Generator) -> int:
-    """One answer label drawn with probability proportional to its soft score (-100 when none)."""
-    if not answers:
-        return -100
-    if len(answers) == 1:
-        return answers[0][0]
-    scores = np.array([s for _, s in answers], dtype=np.float64)
-    if scores.sum() <= 0:
-        return answers[int(rng.integers(len(answers)))][0]
-    return answers[int(rng.choice(len(answers), p=scores / scores.sum()))][0]
+def _apply(out: torch.Tensor, feats: torch.Tensor, zeroed: torch.Tensor, source: torch.Tensor) -> None:
+    """Zero the `zeroed` objects of `out` and give the swapped ones their lent feature from `feats`."""
+    out[zeroed] = 0
+    lent = source >= 0
+    out[lent] = feats.reshape(-1, feats.shape[-1])[source[lent]]
+
+
+def apply_object_masking(batch: dict) -> dict:
+    """`batch` with the collator's object-masking draws applied where the batch is (the device): the
+    stored features become `feat_targets` (when that objective is on) and, masked, `visual_feats`.
+    The loader sends the features once and unmasked: half the bytes, and no copy in the worker."""
+    if "object_zeroed" not in batch:
+        return batch
+    batch = dict(batch)
+    feats = batch["visual_feats"]
+    zeroed, source = batch.pop("object_zeroed"), batch.pop("object_source")
+    if "feat_weights" in batch:
+        batch["feat_targets"] = feats
+    masked = feats.clone()
+    _apply(masked, feats, zeroed, source)
+    batch["visual_feats"] = masked
+    return batch
+
+
+def sample_answers(labels: np.ndarray, scores: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(B,) one answer label per row of (B, K) `labels` (-100 pads), drawn with probability proportional
+    to its soft score (uniformly when a row's scores sum to 0); -100 for a row without answers."""
+    u = rng.random(labels.shape[0])
+    real = labels != -100
+    weights = np.where(real, np.maximum(scores, 0.0), 0.0).astype(np.float64)
+    total = weights.sum(axis=1)
+    weights = np.where((total > 0)[:, None], weights, real.astype(np.float64))
+    cum = np.cumsum(weights, axis=1)
+    count = real.sum(axis=1)
+    pick = (cum <= (u * cum[:, -1])[:, None]).sum(axis=1)  # first answer whose cumulative share passes u
+    pick = np.minimum(pick, np.maximum(count - 1, 0))
+    chosen = labels[np.arange(labels.shape[0]), pick]
+    return np.where(count > 0, chosen, -100)
 
 
 @dataclass
@@ -128,12 +187,14 @@ class MaskingConfig:
 
 
 class PretrainCollator:
-    """(items of PretrainDataset, rng) -> the model's inputs and labels, padded to the set's max boxes.
+    """(PretrainBatch or a list of them, rng) -> the model's inputs and labels, regions padded to the
+    set's max boxes.
 
-    With QA on, `qa_active` (the task's QA schedule) and validation items, `qa_eval` holds every question
-    of the batch, matched to its own image and unmasked, as model inputs; `qa_eval_answers` /
-    `qa_eval_scores` (Q, K) its answers' labels (-100 pads) and soft scores; `qa_eval_sources` its `sentf`
-    source names."""
+    Mismatched sentences come from `examples` (the training set; `texts` their token ids, tokenised here
+    when not given). With QA on, `qa_active` (the task's QA schedule) and a validation batch, `qa_eval`
+    holds every question of the batch, matched to its own image and unmasked, as model inputs;
+    `qa_eval_answers` / `qa_eval_scores` (Q, K) its answers' labels (-100 pads) and soft scores;
+    `qa_eval_sources` its `sentf` source names."""
 
     def __init__(
         self,
@@ -141,183 +202,188 @@ class PretrainCollator:
         examples: list[PretrainExample],
         max_boxes: int,
         cfg: MaskingConfig,
+        texts: EncodedTexts | None = None,
     ):
-        self.tokenizer = tokenizer
-        self.examples = examples  # where mismatched sentences come from (the training set)
-        self.max_boxes = max_boxes
         self.cfg = cfg
+        self.max_boxes = max_boxes
+        self.texts = (
+            texts
+            if texts is not None
+            else EncodedTexts(tokenizer, [e.sentence for e in examples], cfg.max_seq_len)
+        )
+        if len(self.texts) != len(examples):
+            raise ValueError(f"{len(self.texts)} tokenised sentences for {len(examples)} examples")
+        codes: dict[str, int] = {}
+        self.image_codes = codes  # img_id -> small int, to compare images without strings
+        self.pool_images = np.array(
+            [codes.setdefault(e.img_id, len(codes)) for e in examples], dtype=np.int64
+        )
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
+        self.mask_id = tokenizer.mask_token_id
+        self.pad_id = tokenizer.pad_token_id
+        # WordPiece continuation pieces ("##..."), looked up by id instead of converting ids to strings
+        pieces = tokenizer.convert_ids_to_tokens(list(range(self.vocab_size)))
+        self.continues = np.array([str(p).startswith("##") for p in pieces], dtype=bool)
         self.qa_active = True
 
-    def __call__(self, items: list[dict], rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    def __call__(self, batch: PretrainBatch | list[PretrainBatch], rng: np.random.Generator) -> dict:
+        if isinstance(batch, list):
+            batch = PretrainBatch.concat(batch, self.pad_id)
         cfg = self.cfg
-        b, n = len(items), self.max_boxes
-        sentences, matched = [], np.ones(b, dtype=np.int64)
-        for k, item in enumerate(items):
-            sentence = item["sentence"]
-            if cfg.matched and rng.random() < cfg.mismatch_prob:
-                other = self._other_sentence(item["img_id"], rng)
-                if other is not None:
-                    sentence, matched[k] = other, 0
-            sentences.append(sentence)
-        enc = self.tokenizer(
-            sentences, truncation=True, max_length=cfg.max_seq_len, padding="longest", return_tensors="np"
-        )
-        ids = enc["input_ids"].astype(np.int64)
-        attention = enc["attention_mask"].astype(np.int64)
-        batch: dict[str, torch.Tensor] = {
+        regions = batch.regions
+        own_images = np.array([self.image_codes.get(i, -1) for i in regions.img_ids], dtype=np.int64)
+        ids, lengths, matched = self._sentences(batch, own_images, rng)
+        attention = (np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
+        out: dict = {
             "attention_mask": torch.from_numpy(attention),
-            "token_type_ids": torch.zeros_like(torch.from_numpy(ids)),
+            "token_type_ids": torch.zeros(ids.shape, dtype=torch.long),
         }
         if cfg.mlm:
             maskable = ~np.isin(ids, self.special_ids) & (attention == 1)
-            mask_id = self.tokenizer.mask_token_id
             if cfg.whole_words:
-                pieces = np.array(self.tokenizer.convert_ids_to_tokens(ids.ravel().tolist())).reshape(
-                    ids.shape
-                )
-                continues = np.char.startswith(pieces, "##") & maskable
+                continues = self.continues[np.clip(ids, 0, self.vocab_size - 1)] & maskable
                 masked, lm_labels = mask_words(
-                    ids, maskable, continues, rng, self.vocab_size, mask_id, cfg.mlm_prob
+                    ids, maskable, continues, rng, self.vocab_size, self.mask_id, cfg.mlm_prob
                 )
             else:
-                masked, lm_labels = mask_tokens(ids, maskable, rng, self.vocab_size, mask_id, cfg.mlm_prob)
-            batch["input_ids"] = torch.from_numpy(masked)
-            batch["lm_labels"] = torch.from_numpy(lm_labels)
+                masked, lm_labels = mask_tokens(
+                    ids, maskable, rng, self.vocab_size, self.mask_id, cfg.mlm_prob
+                )
+            out["input_ids"] = torch.from_numpy(masked)
+            out["lm_labels"] = torch.from_numpy(lm_labels)
         else:
-            batch["input_ids"] = torch.from_numpy(ids)
+            out["input_ids"] = torch.from_numpy(ids)
 
-        padded = pad_regions([it["features"] for it in items], [it["boxes"] for it in items], n)
-        feats, boxes, valid = padded.feats, padded.boxes, padded.valid
-        obj = np.zeros((b, n), dtype=np.int64)
-        obj_conf = np.zeros((b, n), dtype=np.float32)
-        attr = np.zeros((b, n), dtype=np.int64)
-        attr_conf = np.zeros((b, n), dtype=np.float32)
-        for k, item in enumerate(items):
-            m = item["features"].shape[0]
-            obj[k, :m], obj_conf[k, :m] = item["objects_id"], item["objects_conf"]
-            attr[k, :m], attr_conf[k, :m] = item["attrs_id"], item["attrs_conf"]
-        # regions imported without detector labels (UNKNOWN_LABEL, -1) train no label loss: label 0, weight 0
-        for labels, conf in ((obj, obj_conf), (attr, attr_conf)):
-            unknown = labels < 0
-            labels[unknown], conf[unknown] = 0, 0.0
-        visual = cfg.obj or cfg.attr or cfg.feat or cfg.regions
-        if visual:
-            group = np.unique([item["img_id"] for item in items], return_inverse=True)[1]
-            fates = {"zero": cfg.object_zero, "swap": cfg.object_swap}
-            masked_feats, picked = mask_objects(
-                feats, valid, group, rng, cfg.object_prob, **{k: v for k, v in fates.items() if v is not None}
+        n = regions.boxes.shape[1]
+        if n > self.max_boxes:
+            raise ValueError(f"a batch holds {n} region slots, more than the {self.max_boxes} to pad to")
+        feats, boxes, valid = regions.features, normalized_batch_boxes(regions), regions.valid
+        if n < self.max_boxes:  # the set's width, whatever this batch holds
+            grow = ((0, 0), (0, self.max_boxes - n))
+            feats, boxes, valid = (
+                np.pad(feats, grow + ((0, 0),)),
+                np.pad(boxes, grow + ((0, 0),)),
+                np.pad(valid, grow),
             )
-            batch["visual_feats"] = torch.from_numpy(masked_feats)
+        obj, obj_conf = _known(regions.objects_id, regions.objects_conf, self.max_boxes)
+        attr, attr_conf = _known(regions.attrs_id, regions.attrs_conf, self.max_boxes)
+        if cfg.obj or cfg.attr or cfg.feat or cfg.regions:
+            group = np.unique(regions.img_ids, return_inverse=True)[1].reshape(-1)
+            fates = {"zero": cfg.object_zero, "swap": cfg.object_swap}
+            picked, zeroed, source = draw_object_masking(
+                valid, group, rng, cfg.object_prob, **{k: v for k, v in fates.items() if v is not None}
+            )
+            # masked where the batch lands (apply_object_masking): the features cross once, unmasked
+            out["visual_feats"] = as_tensor(feats)
+            out["object_zeroed"] = torch.from_numpy(zeroed)
+            out["object_source"] = torch.from_numpy(source)
             chosen = picked if cfg.object_loss_on == "masked" else valid
             if cfg.obj:
-                batch["obj_labels"] = torch.from_numpy(obj)
-                batch["obj_weights"] = torch.from_numpy(obj_conf * chosen)
+                out["obj_labels"] = torch.from_numpy(obj)
+                out["obj_weights"] = torch.from_numpy(obj_conf * chosen)
             if cfg.attr:
-                batch["attr_labels"] = torch.from_numpy(attr)
-                batch["attr_weights"] = torch.from_numpy(attr_conf * chosen)
+                out["attr_labels"] = torch.from_numpy(attr)
+                out["attr_weights"] = torch.from_numpy(attr_conf * chosen)
             if cfg.feat:
-                batch["feat_targets"] = torch.from_numpy(feats)
-                batch["feat_weights"] = torch.from_numpy(picked.astype(np.float32))
+                out["feat_weights"] = torch.from_numpy(picked.astype(np.float32))
             if cfg.regions:
-                batch.update(_region_targets(items, picked, obj, obj_conf))
+                out.update(_region_targets(regions.class_probs, picked, obj, obj_conf, self.max_boxes))
         else:
-            batch["visual_feats"] = torch.from_numpy(feats)
-        batch["visual_pos"] = torch.from_numpy(boxes)
-        batch["visual_attention_mask"] = torch.from_numpy(valid.astype(np.int64))
+            out["visual_feats"] = as_tensor(feats)
+        out["visual_pos"] = torch.from_numpy(boxes)
+        out["visual_attention_mask"] = torch.from_numpy(valid.astype(np.int64))
         if cfg.matched:
-            batch["matched_labels"] = torch.from_numpy(matched)
+            out["matched_labels"] = torch.from_numpy(matched.astype(np.int64))
         if cfg.qa:
-            qa = [sample_answer(item["answers"], rng) if matched[k] else -100 for k, item in enumerate(items)]
-            batch["answer_labels"] = torch.tensor(qa, dtype=torch.long)
-            if self.qa_active and items[0].get("evaluation"):
-                batch.update(self._qa_eval(items, ids, attention, matched, feats, boxes, valid))
-        return batch
+            answers = sample_answers(batch.answer_labels, batch.answer_scores, rng)
+            out["answer_labels"] = torch.from_numpy(np.where(matched, answers, -100))
+            if self.qa_active and batch.evaluation:
+                out.update(self._qa_eval(batch, feats, boxes, valid))
+        return out
 
-    def _qa_eval(
-        self,
-        items: list[dict],
-        ids: np.ndarray,
-        attention: np.ndarray,
-        matched: np.ndarray,
-        feats: np.ndarray,
-        boxes: np.ndarray,
-        valid: np.ndarray,
-    ) -> dict:
-        """The questions of the batch as they are (no mismatch, no masking) and their answers' soft scores.
+    def _sentences(
+        self, batch: PretrainBatch, own_images: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, L) token ids, each row its own sentence or, with `mismatch_prob`, a sentence of another
+        image drawn uniformly from the training set (up to MISMATCH_TRIES draws, as the release);
+        the token count of each row, and its matched flag."""
+        cfg = self.cfg
+        b = len(batch.indices)
+        matched = np.ones(b, dtype=bool)
+        lengths = batch.lengths.copy()
+        if not cfg.matched:
+            return batch.token_ids, lengths, matched
+        swap = rng.random(b) < cfg.mismatch_prob
+        draws = rng.integers(len(self.pool_images), size=(b, MISMATCH_TRIES))
+        other = self.pool_images[draws] != own_images[:, None]
+        found = other.any(axis=1)
+        pick = draws[np.arange(b), np.argmax(other, axis=1)]
+        swap &= found
+        matched[swap] = False
+        rows = np.nonzero(swap)[0]
+        lengths[rows] = self.texts.lengths(pick[rows])
+        width = int(lengths.max(initial=1))
+        ids = np.full((b, width), self.pad_id, dtype=np.int64)
+        keep = np.nonzero(~swap)[0]
+        cols = min(width, batch.token_ids.shape[1])
+        ids[keep, :cols] = batch.token_ids[keep, :cols]
+        if rows.size:
+            ids[rows] = self.texts.padded(pick[rows], self.pad_id, width)
+        return ids, lengths, matched
 
-        `ids` / `attention` are the batch's sentences tokenised before masking: a question still paired
-        with its own image is reused from there, only the swapped-out ones are tokenised again."""
-        rows = [k for k, item in enumerate(items) if item.get("question")]
-        if not rows:
+    def _qa_eval(self, batch: PretrainBatch, feats: np.ndarray, boxes: np.ndarray, valid: np.ndarray) -> dict:
+        """The questions of the batch as they are (no mismatch, no masking, padded to the longest of
+        them) and their answers' soft scores."""
+        rows = np.nonzero(batch.question)[0]
+        if not rows.size:
             return {}
-        qa_ids, qa_attention = ids[rows], attention[rows]
-        swapped = [q for q, k in enumerate(rows) if not matched[k]]
-        if swapped:
-            enc = self.tokenizer(
-                [items[rows[q]]["sentence"] for q in swapped],
-                truncation=True,
-                max_length=self.cfg.max_seq_len,
-                padding="longest",
-                return_tensors="np",
-            )
-            cols = max(qa_ids.shape[1], enc["input_ids"].shape[1])
-            pad = self.tokenizer.pad_token_id
-            qa_ids, qa_attention = _pad_to(qa_ids, cols, pad), _pad_to(qa_attention, cols, 0)
-            qa_ids[swapped] = _pad_to(enc["input_ids"], cols, pad)
-            qa_attention[swapped] = _pad_to(enc["attention_mask"], cols, 0)
-        length = int(qa_attention.sum(1).max())  # padded to the longest question, as tokenising them would
-        qa_ids = torch.from_numpy(np.ascontiguousarray(qa_ids[:, :length]))
-        qa_attention = torch.from_numpy(np.ascontiguousarray(qa_attention[:, :length]))
-        width = max(1, max(len(items[k]["answers"]) for k in rows))
-        answers = np.full((len(rows), width), -100, dtype=np.int64)
-        scores = np.zeros((len(rows), width), dtype=np.float32)
-        for q, k in enumerate(rows):
-            for j, (label, score) in enumerate(items[k]["answers"]):
-                answers[q, j], scores[q, j] = label, score
+        length = int(batch.lengths[rows].max())
+        qa_ids = np.full((rows.size, length), self.pad_id, dtype=np.int64)
+        cols = min(length, batch.token_ids.shape[1])
+        qa_ids[:, :cols] = batch.token_ids[rows, :cols]
+        qa_attention = (np.arange(length)[None, :] < batch.lengths[rows][:, None]).astype(np.int64)
+        answers = batch.answer_labels[rows]
+        width = max(1, int((answers != -100).sum(axis=1).max()))
+        qa_ids = torch.from_numpy(qa_ids)
         return {
             "qa_eval": {
                 "input_ids": qa_ids,
-                "attention_mask": qa_attention,
+                "attention_mask": torch.from_numpy(qa_attention),
                 "token_type_ids": torch.zeros_like(qa_ids),
                 "visual_feats": torch.from_numpy(feats[rows]),
                 "visual_pos": torch.from_numpy(boxes[rows]),
                 "visual_attention_mask": torch.from_numpy(valid[rows].astype(np.int64)),
             },
-            "qa_eval_answers": torch.from_numpy(answers),
-            "qa_eval_scores": torch.from_numpy(scores),
-            "qa_eval_sources": [items[k]["source"] for k in rows],
+            "qa_eval_answers": torch.from_numpy(np.ascontiguousarray(answers[:, :width])),
+            "qa_eval_scores": torch.from_numpy(np.ascontiguousarray(batch.answer_scores[rows, :width])),
+            "qa_eval_sources": [batch.sources[k] for k in rows],
         }
 
-    def _other_sentence(self, img_id: str, rng: np.random.Generator, tries: int = 10) -> str | None:
-        """A sentence of a different image, drawn from the whole set as the release does."""
-        for _ in range(tries):
-            other = self.examples[int(rng.integers(len(self.examples)))]
-            if other.img_id != img_id:
-                return other.sentence
-        return None
+
+def _known(labels: np.ndarray, conf: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and confidences padded to `width` slots; regions imported without detector labels
+    (UNKNOWN_LABEL, -1) train no label loss: label 0, weight 0."""
+    unknown = labels < 0
+    labels = np.where(unknown, 0, labels).astype(np.int64)
+    conf = np.where(unknown, 0.0, conf).astype(np.float32)
+    grow = ((0, 0), (0, width - labels.shape[1]))
+    return np.pad(labels, grow), np.pad(conf, grow)
 
 
-def _region_targets(items: list[dict], picked: np.ndarray, obj: np.ndarray, conf: np.ndarray) -> dict:
-    """`region_mask` (B, N) and `region_probs` (B, N, C) when every image of the batch has its class
-    distribution, else `region_labels` / `region_weights`: the top class and its confidence (0 where the
-    store has no label)."""
+def _region_targets(
+    probs: np.ndarray | None, picked: np.ndarray, obj: np.ndarray, conf: np.ndarray, width: int
+) -> dict:
+    """`region_mask` (B, N) and `region_probs` (B, N, C, float16 as stored) when every image of the batch
+    has its class distribution, else `region_labels` / `region_weights`: the top class and its confidence
+    (0 where the store has no label)."""
     out = {"region_mask": torch.from_numpy(picked.astype(np.float32))}
-    probs = [item.get("class_probs") for item in items]
-    if all(p is not None for p in probs):
-        b, n = picked.shape
-        dense = np.zeros((b, n, probs[0].shape[1]), dtype=np.float32)
-        for k, p in enumerate(probs):
-            dense[k, : p.shape[0]] = p
-        out["region_probs"] = torch.from_numpy(dense)
+    if probs is not None:
+        grow = width - probs.shape[1]
+        out["region_probs"] = (
+            as_tensor(probs) if not grow else torch.from_numpy(np.pad(probs, ((0, 0), (0, grow), (0, 0))))
+        )
     else:
-        known = obj >= 0
-        out["region_labels"] = torch.from_numpy(np.where(known, obj, 0))
-        out["region_weights"] = torch.from_numpy(np.where(known, conf, 0.0).astype(np.float32))
+        out["region_labels"] = torch.from_numpy(obj)
+        out["region_weights"] = torch.from_numpy(conf)
     return out
-
-
-def _pad_to(a: np.ndarray, width: int, value: int) -> np.ndarray:
-    """(R, L) -> (R, width), new columns filled with `value`."""
-    return np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=value)

@@ -7,11 +7,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from pipelines.data.json_rows import read_json
-from pipelines.data.regions import region_arrays
+from pipelines.data.shared_memory import batch_allocator
+from pipelines.data.text import EncodedTexts
 from storage import FeatureReader
+from storage.batch import RegionBatch, concat_batches
 
 log = logging.getLogger(__name__)
 
@@ -103,45 +106,102 @@ def check_image_ids(
     return kept
 
 
-class PretrainDataset(Dataset):
-    """Example i: its sentence and its image's regions (boxes normalised to [0, 1], features float32).
+@dataclass
+class PretrainBatch:
+    """Examples `indices` of a PretrainDataset, column by column: their regions (one read), their own
+    sentences' token ids, their answers (-100 pads) and whether each is a question."""
 
-    `evaluation` marks the items of a validation set, for which the collator adds the QA accuracy inputs.
-    The feature reader opens its LMDB lazily in whichever process reads first (each DataLoader worker)."""
+    indices: np.ndarray  # (B,) example indices
+    regions: RegionBatch
+    token_ids: np.ndarray  # (B, L) int64, right-padded with the tokenizer's pad id
+    lengths: np.ndarray  # (B,) tokens of each sentence
+    answer_labels: np.ndarray  # (B, K) int64, -100 = no answer
+    answer_scores: np.ndarray  # (B, K) float32 soft scores
+    question: np.ndarray  # (B,) bool: labelled (even with no answer in the table)
+    sources: list[str]
+    evaluation: bool
+
+    @staticmethod
+    def concat(batches: list[PretrainBatch], pad_id: int) -> PretrainBatch:
+        """Several batches (e.g. single examples) as one."""
+        width = max(b.token_ids.shape[1] for b in batches)
+        answers = max(b.answer_labels.shape[1] for b in batches)
+
+        def pad(a: np.ndarray, cols: int, value) -> np.ndarray:
+            return np.pad(a, ((0, 0), (0, cols - a.shape[1])), constant_values=value)
+
+        return PretrainBatch(
+            indices=np.concatenate([b.indices for b in batches]),
+            regions=concat_batches([b.regions for b in batches]),
+            token_ids=np.concatenate([pad(b.token_ids, width, pad_id) for b in batches]),
+            lengths=np.concatenate([b.lengths for b in batches]),
+            answer_labels=np.concatenate([pad(b.answer_labels, answers, -100) for b in batches]),
+            answer_scores=np.concatenate([pad(b.answer_scores, answers, 0.0) for b in batches]),
+            question=np.concatenate([b.question for b in batches]),
+            sources=[s for b in batches for s in b.sources],
+            evaluation=batches[0].evaluation,
+        )
+
+
+def answer_arrays(answers: list[tuple[tuple[int, float], ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example ((label, score), ...) as (E, K) labels (-100 pads) and soft scores."""
+    width = max(1, max((len(a) for a in answers), default=0))
+    labels = np.full((len(answers), width), -100, dtype=np.int64)
+    scores = np.zeros((len(answers), width), dtype=np.float32)
+    for i, pairs in enumerate(answers):
+        for j, (label, score) in enumerate(pairs):
+            labels[i, j], scores[i, j] = label, score
+    return labels, scores
+
+
+class PretrainDataset(Dataset):
+    """Pre-training examples read a micro-batch at a time (`__getitems__`, which DataLoader and the
+    trainer call): one read transaction for all its regions, features kept float16 as stored, boxes
+    normalised to [0, 1], sentences tokenised once (`texts`). Item i is the batch of example i alone.
+
+    `evaluation` marks a validation set, for which the collator adds the QA accuracy inputs. The
+    feature reader opens its LMDB lazily in whichever process reads first (each DataLoader worker)."""
 
     def __init__(
         self,
         examples: list[PretrainExample],
         features: FeatureReader,
+        texts: EncodedTexts,
+        pad_id: int,
         answers: list[tuple[tuple[int, float], ...]] | None = None,
         evaluation: bool = False,
+        width: int | None = None,
     ):
         if answers is not None and len(answers) != len(examples):
             raise ValueError(f"{len(answers)} answer lists for {len(examples)} examples")
+        if len(texts) != len(examples):
+            raise ValueError(f"{len(texts)} tokenised sentences for {len(examples)} examples")
         self.examples = examples
         self.features = features
-        self.answers = answers  # per example: ((label, score), ...) of its answers in the table
+        self.texts, self.pad_id = texts, pad_id
+        self.answer_labels, self.answer_scores = answer_arrays(answers or [() for _ in examples])
+        self.question = np.array([e.label is not None for e in examples], dtype=bool)
         self.evaluation = evaluation
+        self.width = width  # region slots per image (None = each batch's most boxes)
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, i: int) -> dict:
-        ex = self.examples[i]
-        rec = self.features[ex.img_id]
-        features, boxes = region_arrays(rec)
-        return {
-            "img_id": ex.img_id,
-            "answers": self.answers[i] if self.answers is not None else (),
-            "question": ex.label is not None,  # labelled (even with no answer in the table): a question
-            "source": ex.source,
-            "evaluation": self.evaluation,
-            "sentence": ex.sentence,
-            "features": features,
-            "boxes": boxes,
-            "objects_id": rec.objects_id,
-            "objects_conf": rec.objects_conf,
-            "attrs_id": rec.attrs_id,
-            "attrs_conf": rec.attrs_conf,
-            "class_probs": rec.class_probs,  # None unless the store was extracted with them
-        }
+    def __getitems__(self, indices) -> PretrainBatch:
+        idx = np.asarray(indices, dtype=np.int64)
+        return PretrainBatch(
+            indices=idx,
+            regions=self.features.read_batch(
+                [self.examples[i].img_id for i in idx], self.width, batch_allocator()
+            ),
+            token_ids=self.texts.padded(idx, self.pad_id),
+            lengths=self.texts.lengths(idx),
+            answer_labels=self.answer_labels[idx],
+            answer_scores=self.answer_scores[idx],
+            question=self.question[idx],
+            sources=[self.examples[i].source for i in idx],
+            evaluation=self.evaluation,
+        )
+
+    def __getitem__(self, i: int) -> PretrainBatch:
+        return self.__getitems__([i])

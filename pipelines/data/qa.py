@@ -1,5 +1,5 @@
 """VQA/GQA data: question rows (LXMERT's, or image/question/answer as JSON, CSV or Parquet), a dataset
-over the feature store, collation with soft targets."""
+read by micro-batch, collation with soft targets."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from torch.utils.data import Dataset
 
 from pipelines.data.answers import AnswerTable
 from pipelines.data.image_refs import image_ref
-from pipelines.data.regions import pad_regions, region_arrays
+from pipelines.data.regions import PaddedRegions, read_regions
 from pipelines.data.row_files import RowProblems, json_cell, kind_of, read_row_file
-from pipelines.data.text import EncodedTexts, pad_text
+from pipelines.data.text import EncodedTexts
 
 
 @dataclass(frozen=True)
@@ -179,8 +179,45 @@ def soft_target(label: Mapping[str, float] | None, answers: AnswerTable) -> np.n
     return target
 
 
+@dataclass
+class QABatch:
+    """Questions `ids` column by column: token ids (B, L) right-padded, their lengths, their images'
+    regions (features in the store's dtype) and soft targets (B, answers), None unless all are labelled."""
+
+    ids: list
+    token_ids: np.ndarray
+    lengths: np.ndarray
+    regions: PaddedRegions
+    targets: np.ndarray | None
+
+    @staticmethod
+    def concat(batches: list[QABatch], pad_id: int) -> QABatch:
+        """Several batches (e.g. single questions) as one, text and regions padded to the widest."""
+        length = max(b.token_ids.shape[1] for b in batches)
+        slots = max(b.regions.valid.shape[1] for b in batches)
+
+        def pad(a: np.ndarray, width: int, value=0) -> np.ndarray:
+            grow = [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
+            return np.pad(a, grow, constant_values=value)
+
+        targets = [b.targets for b in batches]
+        return QABatch(
+            ids=[i for b in batches for i in b.ids],
+            token_ids=np.concatenate([pad(b.token_ids, length, pad_id) for b in batches]),
+            lengths=np.concatenate([b.lengths for b in batches]),
+            regions=PaddedRegions(
+                np.concatenate([pad(b.regions.feats, slots) for b in batches]),
+                np.concatenate([pad(b.regions.boxes, slots) for b in batches]),
+                np.concatenate([pad(b.regions.valid, slots) for b in batches]),
+            ),
+            targets=np.concatenate(targets) if all(t is not None for t in targets) else None,
+        )
+
+
 class QADataset(Dataset):
-    """VQA/GQA questions with their image's regions and (when labelled) soft-score targets."""
+    """VQA/GQA questions read a micro-batch at a time (`__getitems__`, which DataLoader and the trainer
+    call): one read transaction for the regions, questions tokenised once, soft targets scattered from
+    each question's (answer, score) pairs. Item i is the batch of question i alone."""
 
     def __init__(
         self,
@@ -193,30 +230,55 @@ class QADataset(Dataset):
         self.examples = list(examples)
         self.features = features
         self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length)
+        self.pad_id = tokenizer.pad_token_id
         self.answers = answers
+        self.labelled = np.array([e.label is not None for e in self.examples], dtype=bool)
+        pairs = [sorted(answers.labels(e.label or {}).items()) for e in self.examples]
+        width = max(1, max((len(p) for p in pairs), default=0))
+        self.answer_ids = np.full((len(pairs), width), -1, dtype=np.int64)  # -1 pads
+        self.answer_scores = np.zeros((len(pairs), width), dtype=np.float32)
+        for i, p in enumerate(pairs):
+            for j, (idx, score) in enumerate(p):
+                self.answer_ids[i, j], self.answer_scores[i, j] = idx, score
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, i: int) -> dict:
-        ex = self.examples[i]
-        feats, boxes = region_arrays(self.features[ex.img_id])
-        item = {
-            "id": ex.question_id,
-            "input_ids": self.texts[i],
-            "feats": feats,
-            "boxes": boxes,
-        }
-        if ex.label is not None:
-            item["target"] = soft_target(ex.label, self.answers)
-        return item
+    def __getitems__(self, indices) -> QABatch:
+        idx = np.asarray(indices, dtype=np.int64)
+        targets = None
+        if self.labelled[idx].all():
+            targets = np.zeros((len(idx), len(self.answers)), dtype=np.float32)
+            cols = self.answer_ids[idx]
+            rows = np.broadcast_to(np.arange(len(idx))[:, None], cols.shape)
+            real = cols >= 0
+            targets[rows[real], cols[real]] = self.answer_scores[idx][real]
+        return QABatch(
+            ids=[self.examples[i].question_id for i in idx],
+            token_ids=self.texts.padded(idx, self.pad_id),
+            lengths=self.texts.lengths(idx),
+            regions=read_regions(self.features, [self.examples[i].img_id for i in idx]),
+            targets=targets,
+        )
+
+    def __getitem__(self, i: int) -> QABatch:
+        return self.__getitems__([i])
 
 
-def collate_qa(items: list[dict], pad_id: int = 0) -> dict:
-    """Stack QA items: padded text, regions padded to the batch's largest set, soft targets if labelled."""
-    batch = pad_text([it["input_ids"] for it in items], pad_id)
-    batch.update(pad_regions([it["feats"] for it in items], [it["boxes"] for it in items]).model_inputs())
-    batch["ids"] = [it["id"] for it in items]
-    if all("target" in it for it in items):
-        batch["labels"] = torch.from_numpy(np.stack([it["target"] for it in items]))
-    return batch
+def collate_qa(batch: QABatch | list[QABatch], pad_id: int = 0) -> dict:
+    """Model inputs of a QA batch (or of a list of them, joined): padded text, regions padded to the
+    batch's largest set (features as stored, widened on the device), soft targets if all are labelled."""
+    if isinstance(batch, list):
+        batch = QABatch.concat(batch, pad_id)
+    ids = torch.from_numpy(batch.token_ids)
+    attention = np.arange(batch.token_ids.shape[1])[None, :] < batch.lengths[:, None]
+    out = {
+        "input_ids": ids,
+        "attention_mask": torch.from_numpy(attention.astype(np.int64)),
+        "token_type_ids": torch.zeros_like(ids),
+        **batch.regions.model_inputs(),
+        "ids": batch.ids,
+    }
+    if batch.targets is not None:
+        out["labels"] = torch.from_numpy(batch.targets)
+    return out

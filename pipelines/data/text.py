@@ -154,22 +154,52 @@ def encode_text(tokenizer, sent: str, max_length: int) -> np.ndarray:
 
 class EncodedTexts:
     """All sentences tokenized once up front, kept as one flat array plus offsets: no per-item tokenizer
-    calls, and no per-sentence Python objects for forked DataLoader workers to copy on access."""
+    calls, and no per-sentence Python objects for forked DataLoader workers to copy on access.
+    `cache_dir`: keep the ids there (pipelines.data.token_cache) and reuse them while the vocabulary and
+    the sentences are unchanged."""
 
-    def __init__(self, tokenizer, sents: Sequence[str], max_length: int, chunk: int = 65536) -> None:
-        pieces: list[np.ndarray] = []
-        for start in range(0, len(sents), chunk):
-            encoded = tokenizer(list(sents[start : start + chunk]), truncation=True, max_length=max_length)
-            pieces.extend(np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"])
-        lengths = np.array([len(p) for p in pieces], dtype=np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
-        self.ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    def __init__(
+        self,
+        tokenizer,
+        sents: Sequence[str],
+        max_length: int,
+        chunk: int = 65536,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        from pipelines.data.token_cache import load_or_tokenize
+
+        def tokenize() -> tuple[np.ndarray, np.ndarray]:
+            pieces: list[np.ndarray] = []
+            for start in range(0, len(sents), chunk):
+                encoded = tokenizer(
+                    list(sents[start : start + chunk]), truncation=True, max_length=max_length
+                )
+                pieces.extend(np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"])
+            lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            return (np.concatenate(pieces) if pieces else np.zeros(0, np.int32)), offsets
+
+        self.ids, self.offsets = load_or_tokenize(tokenize, tokenizer, sents, max_length, cache_dir)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.ids[self.offsets[i] : self.offsets[i + 1]].astype(np.int64)
+
+    def lengths(self, indices: np.ndarray) -> np.ndarray:
+        """Token counts of sentences `indices`."""
+        return self.offsets[indices + 1] - self.offsets[indices]
+
+    def padded(self, indices: np.ndarray, pad_id: int, width: int | None = None) -> np.ndarray:
+        """(B, width) int64 ids of sentences `indices`, right-padded with `pad_id` (None = the longest)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        lengths = self.lengths(indices)
+        width = int(lengths.max(initial=1)) if width is None else width
+        cols = np.arange(width)
+        inside = cols[None, :] < lengths[:, None]
+        at = np.minimum(self.offsets[indices][:, None] + cols[None, :], max(len(self.ids) - 1, 0))
+        return np.where(inside, self.ids[at] if len(self.ids) else 0, pad_id).astype(np.int64)
 
 
 def pad_text(seqs: list[np.ndarray], pad_id: int) -> dict[str, torch.Tensor]:

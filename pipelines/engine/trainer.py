@@ -133,8 +133,11 @@ class BatchDataset(Dataset):
         return math.ceil(len(self.order) / self.micro_batch)
 
     def __getitem__(self, g: int) -> dict:
-        ids = self.order[g * self.micro_batch : (g + 1) * self.micro_batch]
-        items = [self.dataset[int(i)] for i in ids]
+        ids = [int(i) for i in self.order[g * self.micro_batch : (g + 1) * self.micro_batch]]
+        # a dataset that reads a whole micro-batch at once (one store transaction, columns instead of
+        # per-example dicts) says so the way torch's DataLoader expects: `__getitems__`
+        take = getattr(self.dataset, "__getitems__", None)
+        items = take(ids) if take is not None else [self.dataset[i] for i in ids]
         return self.collate(items, np.random.default_rng([*self.key, g]))
 
 

@@ -19,6 +19,7 @@ from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
 from pipelines.data.image_refs import StoreImages
+from pipelines.data.regions import float_inputs
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
 from pipelines.tasks.model_setup import data_overrides
@@ -343,7 +344,7 @@ def _family(cfg: FinetuneConfig):
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The model's keyword inputs out of a collated batch."""
-    return {k: batch[k] for k in MODEL_INPUTS}
+    return float_inputs({k: batch[k] for k in MODEL_INPUTS})
 
 
 def _saved_model_config(directory: Path) -> dict:

@@ -17,9 +17,10 @@ import torch
 from model import get_family
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
-from pipelines.data.masking import MaskingConfig, PretrainCollator
+from pipelines.data.masking import MaskingConfig, PretrainCollator, apply_object_masking
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
-from pipelines.data.text import load_tokenizer, save_tokenizer, write_vocab
+from pipelines.data.regions import float_inputs
+from pipelines.data.text import EncodedTexts, load_tokenizer, save_tokenizer, write_vocab
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
@@ -87,6 +88,9 @@ class PretrainConfig:
     # the release runs QA from the start (0); the paper adds it at epoch 10 of 20
     qa_from_epoch: int = 0
     qa_weight: float = 1.0
+    # where tokenised sentences are kept between runs (keyed by vocab and sentences); None = not kept,
+    # except that `pretrain()` keeps them in the run directory's cache/
+    token_cache: str | None = None
 
 
 def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:
@@ -178,7 +182,13 @@ class PretrainTask:
             masking = dataclasses.replace(masking, qa=False)
         if masking.obj or masking.attr:
             _warn_unlabelled(self.features)
-        self.collator = PretrainCollator(self.tokenizer, train, self.features.max_boxes, masking)
+        # tokenised once per run (or read back from the cache), sliced per batch
+        length = masking.max_seq_len
+        self.train_texts = self._texts(train, length)
+        self.valid_texts = self._texts(valid, length) if valid else None
+        self.collator = PretrainCollator(
+            self.tokenizer, train, self.features.max_boxes, masking, texts=self.train_texts
+        )
         self.set_epoch(0)
         log.info(
             "pre-training on %d sentences (%d images), %d validation sentences, %d answers",
@@ -201,13 +211,14 @@ class PretrainTask:
         return family.models["pretraining"](family.config_class.preset(self.config.preset, **overrides))
 
     def train_dataset(self) -> PretrainDataset:
-        return PretrainDataset(self.train_examples, self.features, self._answer_labels(self.train_examples))
+        answers = self._answer_labels(self.train_examples)
+        return self._dataset(self.train_examples, self.train_texts, answers, evaluation=False)
 
     def valid_dataset(self) -> PretrainDataset | None:
         if not self.valid_examples:
             return None
         answers = self._answer_labels(self.valid_examples)
-        return PretrainDataset(self.valid_examples, self.features, answers, evaluation=True)
+        return self._dataset(self.valid_examples, self.valid_texts, answers, evaluation=True)
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         return self.collator(items, rng)
@@ -268,7 +279,8 @@ class PretrainTask:
 
     def _forward(self, model: torch.nn.Module, batch: dict) -> tuple[PreTrainingOutput, torch.Tensor]:
         """The model on the batch (without QA labels before QA starts) and the loss with `qa_weight`."""
-        inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+        inputs = apply_object_masking(float_inputs(batch))
+        inputs = {k: inputs[k] for k in MODEL_INPUTS if k in inputs}
         if not self.qa_active:
             inputs.pop("answer_labels", None)
         out = model(**inputs)
@@ -283,6 +295,15 @@ class PretrainTask:
         self.answers.save(Path(directory) / ANSWERS_FILE)
 
     # ----
+    def _texts(self, examples: list[PretrainExample], length: int) -> EncodedTexts:
+        sents = [e.sentence for e in examples]
+        return EncodedTexts(self.tokenizer, sents, length, cache_dir=self.config.token_cache)
+
+    def _dataset(self, examples, texts, answers, evaluation: bool) -> PretrainDataset:
+        pad = self.tokenizer.pad_token_id
+        width = self.features.max_boxes
+        return PretrainDataset(examples, self.features, texts, pad, answers, evaluation, width)
+
     def _answer_labels(self, examples: list[PretrainExample]) -> list[tuple[tuple[int, float], ...]]:
         return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
 
@@ -293,7 +314,7 @@ def _image_of(example: PretrainExample) -> tuple[str]:
 
 def _predicted_answer_scores(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     """(Q,) soft score of the QA head's top answer for each question of `batch["qa_eval"]`."""
-    predicted = model.qa_head(model.lxmert(**batch["qa_eval"]).pooled_output).argmax(-1)
+    predicted = model.qa_head(model.lxmert(**float_inputs(batch["qa_eval"])).pooled_output).argmax(-1)
     hit = batch["qa_eval_answers"] == predicted[:, None]
     return (batch["qa_eval_scores"].float() * hit).sum(-1)
 
@@ -313,6 +334,8 @@ def pretrain(run: PretrainRun, out_dir: str | Path, resume: bool = False) -> dic
         tokenizer = load_tokenizer(out_dir / "vocab.txt")
     if resume and (out_dir / ANSWERS_FILE).is_file():
         answers = AnswerTable.load(out_dir / ANSWERS_FILE)
+    if cfg.token_cache is None:
+        cfg = dataclasses.replace(cfg, token_cache=str(out_dir / "cache"))
     task = PretrainTask(cfg, tokenizer=tokenizer, answers=answers)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this; one writes
         out_dir.mkdir(parents=True, exist_ok=True)

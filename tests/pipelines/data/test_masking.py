@@ -1,13 +1,23 @@
-"""Masking and collation rates over many samples, against the SPEC's probabilities."""
+"""Masking and collation: rates over many samples against the SPEC's probabilities, and the vectorised
+collator against a per-example reference written here (same draws, same batch)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipelines.data.masking import MaskingConfig, PretrainCollator, mask_objects, mask_tokens, sample_answer
-from pipelines.data.pretrain import PretrainExample
-from pipelines.data.text import build_vocab, load_tokenizer
+from pipelines.data.masking import (
+    MISMATCH_TRIES,
+    MaskingConfig,
+    PretrainCollator,
+    apply_object_masking,
+    mask_objects,
+    mask_tokens,
+    sample_answers,
+)
+from pipelines.data.pretrain import PretrainBatch, PretrainExample, answer_arrays
+from pipelines.data.text import EncodedTexts, build_vocab, load_tokenizer
+from storage.batch import RegionBatch
 
 VOCAB, MASK = 1000, 4
 
@@ -78,13 +88,53 @@ def test_one_image_batch_has_nobody_to_borrow_from():
     assert picked.all() and not changed.any()
 
 
+def _reference_answer(pairs, u: float) -> int:
+    """One answer by soft score, the straightforward way: walk the cumulative shares until u passes."""
+    if not pairs:
+        return -100
+    scores = [max(s, 0.0) for _, s in pairs]
+    total = sum(scores)
+    if total <= 0:
+        scores, total = [1.0] * len(pairs), float(len(pairs))
+    acc = 0.0
+    for (label, _), score in zip(pairs, scores, strict=True):
+        acc += score
+        if u * total < acc:
+            return label
+    return pairs[-1][0]
+
+
 def test_answers_sampled_by_soft_score():
-    rng = np.random.default_rng(3)
-    draws = [sample_answer(((4, 0.9), (7, 0.3)), rng) for _ in range(4000)]
-    assert set(draws) == {4, 7}
-    assert abs(np.mean(np.array(draws) == 4) - 0.75) < _tolerance(0.75, 4000)
-    assert sample_answer((), rng) == -100
-    assert sample_answer(((5, 1.0),), rng) == 5
+    rows = [((4, 0.9), (7, 0.3)), (), ((5, 1.0),), ((2, 0.0), (3, 0.0)), ((1, 0.0), (6, 0.6))] * 2000
+    labels, scores = answer_arrays(rows)
+    draws = sample_answers(labels, scores, np.random.default_rng(3))
+    u = np.random.default_rng(3).random(len(rows))  # the draw sample_answers takes first
+    assert draws.tolist() == [_reference_answer(p, x) for p, x in zip(rows, u, strict=True)]
+    first = draws[0::5]
+    assert set(first) == {4, 7}
+    assert abs(np.mean(first == 4) - 0.75) < _tolerance(0.75, first.size)
+    assert (draws[1::5] == -100).all() and (draws[2::5] == 5).all()
+    assert abs(np.mean(draws[3::5] == 2) - 0.5) < _tolerance(0.5, 2000), "scores of 0: uniform"
+    assert (draws[4::5] == 6).all(), "an answer scored 0 is never drawn beside a positive one"
+
+
+def test_borrowed_objects_come_uniformly_from_the_other_images():
+    rng = np.random.default_rng(8)
+    b, n = 4, 3
+    feats = np.arange(b * n, dtype=np.float32).reshape(b, n, 1) + 1  # each object's own value
+    valid = np.ones((b, n), dtype=bool)
+    valid[3, 1:] = False  # row 3 lends only its first object
+    group = np.array([0, 0, 1, 2])  # rows 0 and 1 show one image: they never lend to each other
+    counts = np.zeros(b * n + 1)
+    for _ in range(3000):
+        out, picked = mask_objects(feats, valid, group, rng, 1.0, zero=0.0, swap=1.0)
+        counts += np.bincount(out[0, :, 0].astype(int), minlength=b * n + 1)
+    lent = counts / counts.sum()
+    # row 0 borrows from rows 2 and 3 (each 1/2), then one of their real objects uniformly
+    expected = np.zeros(b * n + 1)
+    expected[feats[2, :, 0].astype(int)] = 1 / 6
+    expected[int(feats[3, 0, 0])] = 1 / 2
+    assert np.abs(lent - expected).max() < _tolerance(0.5, int(counts.sum()))
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +169,7 @@ def _items(n: int, rng: np.random.Generator, boxes: int = 5):
                 "img_id": f"img{k % (n // 2)}",
                 "sentence": "a red circle next to blue square" if k % 3 else "what color is the star",
                 "answers": ((1, 1.0),) if k % 3 == 0 else (),
-                "features": rng.normal(size=(m, 4)).astype(np.float32),
+                "features": rng.normal(size=(m, 4)).astype(np.float16),
                 "boxes": rng.uniform(size=(m, 4)).astype(np.float32),
                 "objects_id": rng.integers(8, size=m),
                 "objects_conf": rng.uniform(0.5, 1, size=m).astype(np.float32),
@@ -130,6 +180,129 @@ def _items(n: int, rng: np.random.Generator, boxes: int = 5):
     return items
 
 
+def _batch(items: list[dict], tokenizer, evaluation: bool = False) -> PretrainBatch:
+    """The PretrainBatch a dataset would read for `items` (images 1 x 1: boxes are already normalised)."""
+    b, n = len(items), max(len(it["features"]) for it in items)
+    counts = np.array([len(it["features"]) for it in items])
+
+    def padded(name: str, dtype, tail=()) -> np.ndarray:
+        out = np.zeros((b, n, *tail), dtype=dtype)
+        for k, it in enumerate(items):
+            out[k, : counts[k]] = it[name]
+        return out
+
+    probs = [it.get("class_probs") for it in items]
+    texts = EncodedTexts(tokenizer, [it["sentence"] for it in items], 20)
+    labels, scores = answer_arrays([it["answers"] for it in items])
+    return PretrainBatch(
+        indices=np.arange(b),
+        regions=RegionBatch(
+            img_ids=[it["img_id"] for it in items],
+            img_h=np.ones(b, np.int64),
+            img_w=np.ones(b, np.int64),
+            num_boxes=counts,
+            boxes=padded("boxes", np.float32, (4,)),
+            features=padded("features", np.float16, (items[0]["features"].shape[1],)),
+            objects_id=padded("objects_id", np.int64),
+            objects_conf=padded("objects_conf", np.float32),
+            attrs_id=padded("attrs_id", np.int64),
+            attrs_conf=padded("attrs_conf", np.float32),
+            class_probs=padded("class_probs", np.float16, probs[0].shape[1:])
+            if all(p is not None for p in probs)
+            else None,
+        ),
+        token_ids=texts.padded(np.arange(b), tokenizer.pad_token_id),
+        lengths=texts.lengths(np.arange(b)),
+        answer_labels=labels,
+        answer_scores=scores,
+        question=np.array([bool(it.get("question", bool(it["answers"]))) for it in items]),
+        sources=[it.get("source", "x") for it in items],
+        evaluation=evaluation,
+    )
+
+
+def _reference_collate(items: list[dict], tokenizer, pool: list[PretrainExample], cfg, width, rng) -> dict:
+    """The pre-training batch built example by example (tokenizer per batch, loops per token and per
+    object), from the same draws the collator takes, in its order."""
+    b = len(items)
+    vocab, mask_id = len(tokenizer), tokenizer.mask_token_id
+    swap_u = rng.random(b)
+    tries = rng.integers(len(pool), size=(b, MISMATCH_TRIES))
+    sentences, matched = [], []
+    for k, it in enumerate(items):
+        other = next((pool[j] for j in tries[k] if pool[j].img_id != it["img_id"]), None)
+        swap = swap_u[k] < cfg.mismatch_prob and other is not None
+        sentences.append(other.sentence if swap else it["sentence"])
+        matched.append(0 if swap else 1)
+    enc = tokenizer(sentences, truncation=True, max_length=20, padding="longest")
+    ids = [list(r) for r in enc["input_ids"]]
+    attention = [list(r) for r in enc["attention_mask"]]
+    shape = (b, len(ids[0]))
+    pick_u, fate_u = rng.random(shape), rng.random(shape)
+    specials = set(tokenizer.all_special_ids)
+    masked, lm, swaps = [r[:] for r in ids], [[-100] * shape[1] for _ in range(b)], []
+    for k in range(b):
+        for t in range(shape[1]):
+            if attention[k][t] and ids[k][t] not in specials and pick_u[k, t] < cfg.mlm_prob:
+                lm[k][t] = ids[k][t]
+                if fate_u[k, t] < 0.8:
+                    masked[k][t] = mask_id
+                elif fate_u[k, t] < 0.9:
+                    swaps.append((k, t))
+    for (k, t), token in zip(swaps, rng.integers(0, vocab, size=len(swaps)), strict=True):
+        masked[k][t] = int(token)
+    feats = np.zeros((b, width, items[0]["features"].shape[1]), np.float16)
+    valid = np.zeros((b, width), bool)
+    for k, it in enumerate(items):
+        feats[k, : len(it["features"])] = it["features"]
+        valid[k, : len(it["features"])] = True
+    pick_o, fate_o = rng.random((b, width)), rng.random((b, width))
+    out, picked, lent = feats.copy(), np.zeros((b, width), bool), []
+    for k in range(b):
+        for j in range(width):
+            if valid[k, j] and pick_o[k, j] < cfg.object_prob:
+                picked[k, j] = True
+                if fate_o[k, j] < 0.8:
+                    out[k, j] = 0
+                elif fate_o[k, j] < 0.9:
+                    lent.append((k, j))
+    u = rng.random((len(lent), 2))
+    for (k, j), (u_row, u_obj) in zip(lent, u, strict=True):
+        donors = [r for r in range(b) if items[r]["img_id"] != items[k]["img_id"]]
+        if donors:
+            r = donors[int(u_row * len(donors))]
+            out[k, j] = feats[r, int(u_obj * len(items[r]["features"]))]
+    answer_u = rng.random(b)
+    answers = [
+        _reference_answer(it["answers"], answer_u[k]) if matched[k] else -100 for k, it in enumerate(items)
+    ]
+    return {
+        "input_ids": np.array(masked),
+        "attention_mask": np.array(attention),
+        "lm_labels": np.array(lm),
+        "matched_labels": np.array(matched),
+        "visual_feats": out,
+        "feat_targets": feats,
+        "feat_weights": picked.astype(np.float32),
+        "visual_attention_mask": valid.astype(np.int64),
+        "answer_labels": np.array(answers),
+    }
+
+
+def test_collator_equals_the_per_example_reference(tokenizer):
+    """Same seed, same batch: the vectorised collator and the loops above agree on every field."""
+    pool = [PretrainExample(f"img{i % 9}", f"a red circle next to {i} blue squares", "x") for i in range(30)]
+    cfg = MaskingConfig(object_zero=0.8, object_swap=0.1, whole_words=False, object_prob=0.3, mlm_prob=0.3)
+    collate = PretrainCollator(tokenizer, pool, max_boxes=6, cfg=cfg)
+    for seed in range(25):
+        items = _items(10, np.random.default_rng(100 + seed))
+        items[1]["img_id"] = "img3"  # an image of the pool: its mismatches must come from others
+        got = apply_object_masking(collate(_batch(items, tokenizer), np.random.default_rng(seed)))
+        want = _reference_collate(items, tokenizer, pool, cfg, 6, np.random.default_rng(seed))
+        for key, value in want.items():
+            np.testing.assert_array_equal(got[key].numpy(), value, err_msg=f"{key}, seed {seed}")
+
+
 def test_collator_matching_qa_and_weights(tokenizer):
     rng = np.random.default_rng(4)
     pool = [PretrainExample(f"img{i}", f"sentence number {i}", "x") for i in range(40)]
@@ -137,7 +310,7 @@ def test_collator_matching_qa_and_weights(tokenizer):
     mismatched = qa = qa_possible = 0
     for _ in range(200):
         items = _items(12, rng)
-        batch = collate(items, rng)
+        batch = apply_object_masking(collate(_batch(items, tokenizer), rng))
         ids = batch["input_ids"]
         assert ids.shape[0] == 12 and ids.shape[1] <= 20
         assert batch["visual_feats"].shape == (12, 7, 4)
@@ -176,7 +349,8 @@ def test_collator_masked_only_weights_and_switches(tokenizer):
     rng = np.random.default_rng(5)
     pool = [PretrainExample(f"img{i}", f"sentence {i}", "x") for i in range(10)]
     cfg = MaskingConfig(object_loss_on="masked", mlm=False, matched=False, feat=False)
-    batch = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=cfg)(_items(8, rng), rng)
+    collate = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=cfg)
+    batch = apply_object_masking(collate(_batch(_items(8, rng), tokenizer), rng))
     assert {"lm_labels", "matched_labels", "feat_targets"}.isdisjoint(batch)
     picked = batch["visual_feats"].numpy()
     weights = batch["obj_weights"].numpy()
@@ -194,10 +368,10 @@ def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokeni
         item["question"] = k % 3 == 0  # the questions; item 9 has no answer in the table
         item["answers"] = ((1, 1.0), (4, 0.3)) if k in (0, 6) else ((2, 0.6),) if k == 3 else ()
         item["source"] = "vqa" if k < 6 else "gqa"
-    assert "qa_eval" not in collate(items, rng), "training batches carry no evaluation inputs"
-    for item in items:
-        item["evaluation"] = True
-    batch = collate(items, rng)
+    assert "qa_eval" not in collate(_batch(items, tokenizer), rng), (
+        "training batches carry no evaluation inputs"
+    )
+    batch = collate(_batch(items, tokenizer, evaluation=True), rng)
     assert (batch["matched_labels"] == 0).all()  # every pair mismatched, so no QA label in the main pass
     rows = [0, 3, 6, 9]
     clean = _tokenise(tokenizer, [items[k]["sentence"] for k in rows])
@@ -208,13 +382,13 @@ def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokeni
         m = len(items[k]["features"])
         np.testing.assert_array_equal(qa["visual_feats"][q, :m].numpy(), items[k]["features"])
         assert not qa["visual_feats"][q, m:].any() and qa["visual_attention_mask"][q].sum() == m
-        np.testing.assert_array_equal(qa["visual_pos"][q, :m].numpy(), items[k]["boxes"])
+        np.testing.assert_array_equal(qa["visual_pos"][q, :m].numpy(), np.clip(items[k]["boxes"], 0, 1))
     assert batch["qa_eval_answers"].tolist() == [[1, 4], [2, -100], [1, 4], [-100, -100]]
     np.testing.assert_allclose(batch["qa_eval_scores"].numpy(), [[1.0, 0.3], [0.6, 0], [1.0, 0.3], [0, 0]])
     assert batch["qa_eval_sources"] == ["vqa", "vqa", "gqa", "gqa"]
     for item in items:
         item["question"] = False
-    assert "qa_eval" not in collate(items, rng), "no question, no QA evaluation"
+    assert "qa_eval" not in collate(_batch(items, tokenizer, True), rng), "no question, no QA evaluation"
 
 
 def _tokenise(tokenizer, sentences: list[str]):
@@ -239,35 +413,25 @@ class _CountingTokenizer:
         return getattr(self.tokenizer, name)
 
 
-def test_clean_questions_reuse_the_batch_tokens_and_wait_for_qa(tokenizer):
+def test_sentences_are_tokenised_once_not_per_batch(tokenizer):
     counting = _CountingTokenizer(tokenizer)
-    # long pool sentences: a batch is often padded wider than its questions need
-    pool = [
-        PretrainExample(f"img{i}", f"a red circle next to blue square and green star {i}", "x")
-        for i in range(40)
-    ]
+    pool = [PretrainExample(f"img{i}", f"a red circle next to blue square {i}", "x") for i in range(40)]
     collate = PretrainCollator(counting, pool, max_boxes=7, cfg=MaskingConfig())
+    assert len(counting.calls) == 1, "the pool is tokenised up front"
     items = _items(12, np.random.default_rng(7))
     for k, item in enumerate(items):
-        item.update(question=k % 2 == 0, answers=((1, 1.0),), source="vqa", evaluation=True)
+        item.update(question=k % 2 == 0, answers=((1, 1.0),), source="vqa")
+    batch = _batch(items, tokenizer, evaluation=True)
     rows = [k for k in range(12) if items[k]["question"]]
     clean = _tokenise(tokenizer, [items[k]["sentence"] for k in rows])
-    seen = set()
-    for seed in range(20):
-        counting.calls.clear()
-        batch = collate(items, np.random.default_rng(seed))
-        qa = batch["qa_eval"]
+    counting.calls.clear()
+    for seed in range(10):
+        qa = collate(batch, np.random.default_rng(seed))["qa_eval"]
         np.testing.assert_array_equal(qa["input_ids"].numpy(), clean["input_ids"])
         np.testing.assert_array_equal(qa["attention_mask"].numpy(), clean["attention_mask"])
-        swapped = [items[k]["sentence"] for k in rows if batch["matched_labels"][k] == 0]
-        # one call for the batch, one more only for the questions whose pair was swapped
-        assert counting.calls[1:] == ([swapped] if swapped else [])
-        seen.add(0 < len(swapped) < len(rows))
-    assert True in seen, "no batch mixed kept and swapped questions"
+    assert counting.calls == [], "a batch calls no tokenizer"
     collate.qa_active = False  # before QA starts (the task's schedule): no clean questions built
-    counting.calls.clear()
-    assert "qa_eval" not in collate(items, np.random.default_rng(0))
-    assert len(counting.calls) == 1
+    assert "qa_eval" not in collate(batch, np.random.default_rng(0))
 
 
 def test_vilbert_region_masking_zeroes_or_keeps():
@@ -291,7 +455,7 @@ def test_region_targets_are_the_class_distribution_or_the_confident_top_class(to
     pool = [PretrainExample(it["img_id"], it["sentence"], "x") for it in items]
     only_regions = MaskingConfig(obj=False, attr=False, feat=False, qa=False, object_prob=0.5)
     collate = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=only_regions)
-    batch = collate(items, np.random.default_rng(0))
+    batch = collate(_batch(items, tokenizer), np.random.default_rng(0))
     assert {"region_mask", "region_probs"} <= set(batch) and "obj_labels" not in batch
     for k, item in enumerate(items):
         m = item["features"].shape[0]
@@ -303,7 +467,7 @@ def test_region_targets_are_the_class_distribution_or_the_confident_top_class(to
     # and a region the store has no label for (-1) weighs nothing.
     items[0]["class_probs"] = None
     items[1]["objects_id"][0] = -1
-    batch = collate(items, np.random.default_rng(0))
+    batch = collate(_batch(items, tokenizer), np.random.default_rng(0))
     assert "region_probs" not in batch
     assert batch["region_labels"][1, 0] == 0 and batch["region_weights"][1, 0] == 0
     m = items[2]["features"].shape[0]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipelines.data.answers import AnswerTable
-from pipelines.data.qa import collate_qa, load_qa_examples, soft_target
+from pipelines.data.qa import QABatch, collate_qa, load_qa_examples, soft_target
+from pipelines.data.regions import PaddedRegions
 
 
 def test_qa_rows_load_from_several_files(tmp_path):
@@ -44,26 +45,37 @@ def test_soft_target_uses_the_table_and_drops_unknown_answers():
     np.testing.assert_array_equal(target, np.array([0.6, 1.0, 0.0], np.float32))
 
 
-def _item(n_tokens: int, n_boxes: int, dim: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        "id": seed,
-        "input_ids": np.arange(1, n_tokens + 1, dtype=np.int64),
-        "feats": rng.random((n_boxes, dim), dtype=np.float32),
-        "boxes": rng.random((n_boxes, 4), dtype=np.float32),
-        "target": np.full(3, seed, np.float32),
-    }
+def _batch(n_tokens: list[int], n_boxes: list[int], dim: int, labelled: bool = True) -> QABatch:
+    rng = np.random.default_rng(0)
+    b, length, slots = len(n_tokens), max(n_tokens), max(n_boxes)
+    ids = np.zeros((b, length), np.int64)
+    feats = np.zeros((b, slots, dim), np.float16)
+    valid = np.zeros((b, slots), bool)
+    for k, (t, m) in enumerate(zip(n_tokens, n_boxes, strict=True)):
+        ids[k, :t] = np.arange(1, t + 1)
+        feats[k, :m] = rng.random((m, dim))
+        valid[k, :m] = True
+    targets = np.repeat(np.arange(b, dtype=np.float32)[:, None], 3, axis=1) if labelled else None
+    return QABatch(
+        list(range(b)),
+        ids,
+        np.array(n_tokens),
+        PaddedRegions(feats, np.zeros((b, slots, 4), np.float32), valid),
+        targets,
+    )
 
 
 def test_collate_qa_pads_text_and_regions_with_masks():
-    items = [_item(3, 2, 5, 0), _item(5, 4, 5, 1)]
-    b = collate_qa(items, pad_id=0)
+    one = _batch([3], [2], 5)
+    b = collate_qa([one, _batch([5], [4], 5)], pad_id=0)  # single questions, joined
     assert b["input_ids"].tolist() == [[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     assert b["visual_feats"].shape == (2, 4, 5) and b["visual_pos"].shape == (2, 4, 4)
+    assert b["visual_feats"].dtype == torch.float16, "features stay as stored until the device"
     assert b["visual_attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
-    assert torch.equal(b["visual_feats"][0, :2], torch.from_numpy(items[0]["feats"]))
+    assert torch.equal(b["visual_feats"][0, :2], torch.from_numpy(one.regions.feats[0, :2]))
     assert b["visual_feats"][0, 2:].abs().sum() == 0
-    assert b["labels"].tolist() == [[0, 0, 0], [1, 1, 1]] and b["ids"] == [0, 1]
-    unlabelled = collate_qa([{k: v for k, v in it.items() if k != "target"} for it in items])
+    assert b["labels"].tolist() == [[0, 0, 0], [0, 0, 0]] and b["ids"] == [0, 0]
+    assert collate_qa(_batch([3, 5], [2, 4], 5))["labels"].tolist() == [[0, 0, 0], [1, 1, 1]]
+    unlabelled = collate_qa([one, _batch([2], [1], 5, labelled=False)])
     assert "labels" not in unlabelled
