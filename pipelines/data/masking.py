@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -103,6 +103,15 @@ def sample_answer(answers: Sequence[tuple[int, float]], rng: np.random.Generator
 @dataclass
 class MaskingConfig:
     """Which pre-training tasks get labels, and the release's probabilities."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "mlm_prob": "[0, 1]",
+        "object_prob": "[0, 1]",
+        "object_zero": "[0, 1]",
+        "object_swap": "[0, 1]",
+        "mismatch_prob": "[0, 1]",
+        "max_seq_len": "[3, 65536]",
+    }
 
     mlm: bool = True
     matched: bool = True

@@ -9,7 +9,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -41,6 +41,12 @@ PRIMARY_METRIC = "AP"
 class DetectorTaskConfig:
     """What the detector trains on and from where; `detector` overrides DetectorConfig's test-time
     settings (validation runs with them), `training` overrides the preset's TrainingConfig."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "score_thresh": "[0, 1]",
+        "nms_thresh": "[0, 1]",
+        "detections_per_image": "[1, 100000]",
+    }
 
     images: str = ""  # the folder the annotations' file_name values are relative to
     annotations: str = ""  # COCO detection JSON (+ attribute_ids and an attributes table)
