@@ -135,5 +135,5 @@ def test_unreadable_config_is_one_line(tmp_path):
     binary.write_bytes(b"train: \xff\xfe\n")
     with pytest.raises(ValueError, match=r"config '.*c\.yaml' is not UTF-8 text"):
         config_io.load(PretrainRun, binary)
-    with pytest.raises(ValueError, match=r"cannot be read \(Is a directory\)"):
+    with pytest.raises(ValueError, match=r"is a directory; give a regular file"):
         config_io.load(PretrainRun, tmp_path)
