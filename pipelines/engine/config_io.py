@@ -189,6 +189,20 @@ def check(cfg: Any, where: str = "config") -> None:
         raise SettingError(where, "", str(exc).removeprefix(f"{where}: ")) from None
 
 
+def check_settings(classes: Sequence[type], values: Mapping[str, Any], where: str, prefix: str = "") -> None:
+    """A free-form mapping of settings (`--set` detector overrides, `task.model`): each key must be a field
+    of one of `classes`, of its type and inside its range (SettingError otherwise)."""
+    if not isinstance(values, Mapping):
+        raise SettingError(where, prefix, f"{prefix.rstrip('.') or 'settings'} must be a mapping of keys")
+    for key, value in values.items():
+        owner = next((c for c in classes if key in {f.name for f in dataclasses.fields(c)}), None)
+        if owner is None:
+            known = sorted({f.name for c in classes for f in dataclasses.fields(c)})
+            raise SettingError(where, f"{prefix}{key}", f"unknown setting {prefix}{key!r}; known: {known}")
+        hint = typing.get_type_hints(owner)[key]
+        _check(owner, {key: _coerce(value, hint, where, f"{prefix}{key}")}, where, prefix)
+
+
 def _check(cls: type, values: Mapping[str, Any], where: str, prefix: str) -> None:
     plain = {k: v for k, v in values.items() if not dataclasses.is_dataclass(v)}
     try:

@@ -27,6 +27,7 @@ from extraction.postprocess import detections
 from extraction.rcnn import RANDOM_SEED, VGFasterRCNN, init_random_weights
 from extraction.weights import init_from_checkpoint, save_detector_dir
 from pipelines.data.detection import DetectionCollate, DetectionData, DetectionDataset, load_detection_json
+from pipelines.engine import config_io
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
@@ -118,6 +119,8 @@ class DetectionTask:
     def __init__(self, cfg: DetectorTaskConfig, seed: int = 0):
         if cfg.preset not in PRESETS:
             raise ValueError(f"unknown detector preset {cfg.preset!r}; choose one of {sorted(PRESETS)}")
+        config_io.check_settings((DetectorConfig,), cfg.detector, "task.detector", "task.detector.")
+        config_io.check_settings((TrainingConfig,), cfg.training, "task.training", "task.training.")
         self.config = cfg
         self.seed = seed
         self.train_data: DetectionData = load_detection_json(cfg.annotations, cfg.images, strict=cfg.strict)
