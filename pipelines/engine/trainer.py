@@ -126,6 +126,10 @@ class TrainConfig:
             raise ValueError(f"train.momentum must be >= 0; got {self.momentum}")
 
 
+class NonFiniteLoss(ValueError):
+    """The loss went NaN or infinite: the run stops (exit 1) with the step, the terms and the checkpoint."""
+
+
 class Task(Protocol):
     """What `fit` trains. Batches are dicts; tensors in them are moved to the device by the loop.
 
@@ -338,6 +342,16 @@ class TrainingRun:
             prefetch_factor=4 if workers > 0 else None,
         )
 
+    def _non_finite(self, loss: torch.Tensor, parts: dict[str, float]) -> str:
+        """One line: the step, the loss terms that went non-finite, the last good checkpoint."""
+        terms = [f"{k}={float(v)}" for k, v in parts.items() if not math.isfinite(float(v))]
+        latest = latest_checkpoint(self.ckpt_root)
+        resume = f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written"
+        return (
+            f"loss is {loss.item()} at step {self.step + 1} ({', '.join(terms) or 'the total only'}); "
+            f"{resume}; lower train.lr or check the data"
+        )
+
     def _optimizer_step(self, model: torch.nn.Module, batches: Iterator[dict]) -> dict[str, float]:
         cfg = self.cfg
         seed = np.random.SeedSequence([cfg.seed, _STEP_STREAM, self.step, self.rank]).generate_state(1)[0]
@@ -349,9 +363,7 @@ class TrainingRun:
             with contextlib.nullcontext() if sync else model.no_sync(), self._autocast():
                 loss, parts = self.task.loss(model, batch)
             if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss.item()} at step {self.step}; lower lr or check the data"
-                )
+                raise NonFiniteLoss(self._non_finite(loss, parts))
             scaled = loss / cfg.grad_accum
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             parts = {"loss": float(loss.detach()), **parts}
