@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from model.files import read_json
 from pipelines.data.regions import pad_regions, region_arrays
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -47,13 +48,12 @@ def tokenize_caption(raw: str) -> list[str]:
 
 def _load_json(path: str | Path) -> object:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CaptionDataError(f"{path}: no such file; pass the path to the caption JSON")
     try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CaptionDataError(f"{path}: not valid JSON ({err}); re-download or re-export the file") from None
+        return read_json(path, "caption JSON")
+    except ValueError as err:
+        raise CaptionDataError(f"{err}; re-download or re-export the file") from None
 
 
 def read_karpathy_split(path: str | Path) -> list[CaptionImage]:

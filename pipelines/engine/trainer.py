@@ -346,7 +346,9 @@ class TrainingRun:
         """One line: the step, the loss terms that went non-finite, the last good checkpoint."""
         terms = [f"{k}={float(v)}" for k, v in parts.items() if not math.isfinite(float(v))]
         latest = latest_checkpoint(self.ckpt_root)
-        resume = f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written"
+        resume = (
+            f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written"
+        )
         return (
             f"loss is {loss.item()} at step {self.step + 1} ({', '.join(terms) or 'the total only'}); "
             f"{resume}; lower train.lr or check the data"
