@@ -20,6 +20,7 @@ META_KEY = b"meta"
 FEATURE_DTYPES = ("float16", "float32")
 # far above any detector's (2048-d, 100 boxes), so that a damaged record cannot size an allocation
 MAX_FEATURE_DIM, MAX_BOXES = 65536, 4096
+MAX_IMAGE_SIDE = 1 << 20  # pixels; image sizes are stored as 32-bit integers
 
 
 def new_meta(feature_dim: int, max_boxes: int, dtype: str, provenance: dict | None) -> dict:

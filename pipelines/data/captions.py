@@ -79,15 +79,22 @@ def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
                 f"{where} has split {row['split']!r}; expected one of {sorted(KARPATHY_SPLITS)}"
             )
         captions, raw = [], []
+        if not isinstance(row["sentences"], list):
+            kind = type(row["sentences"]).__name__
+            raise CaptionDataError(f"{where}.sentences is {kind}; it must be a list of sentence objects")
         for s, sentence in enumerate(row["sentences"]):
             if not isinstance(sentence, dict) or not ("tokens" in sentence or "raw" in sentence):
                 raise CaptionDataError(f"{where}.sentences[{s}] needs 'tokens' or 'raw'")
-            text = str(sentence.get("raw", " ".join(sentence.get("tokens", []))))
             tokens = sentence.get("tokens")
+            if tokens is not None and (
+                not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens)
+            ):
+                raise CaptionDataError(f"{where}.sentences[{s}].tokens must be a list of strings")
+            if "raw" in sentence and not isinstance(sentence["raw"], str):
+                raise CaptionDataError(f"{where}.sentences[{s}].raw must be a string")
+            text = sentence["raw"] if "raw" in sentence else " ".join(tokens or [])
             if tokens is None:
                 tokens = tokenize_caption(text)
-            elif not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-                raise CaptionDataError(f"{where}.sentences[{s}].tokens must be a list of strings")
             captions.append([t.lower() for t in tokens])
             raw.append(text)
         image_id = row.get("cocoid", row.get("imgid"))
