@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from extraction.selection import RULES, SelectionConfig
 
@@ -32,6 +33,31 @@ ARCHITECTURE_FIELDS = (
 class DetectorConfig:
     """A Faster R-CNN ResNet C4 with the attribute head: its widths, depths and classes, and the test-time
     settings. The defaults are the Visual Genome R101-C4 of bottom-up attention."""
+
+    # each setting's range, checked with its type where a config is resolved (pipelines' config_io)
+    RANGES: ClassVar[dict[str, str]] = {
+        "stem_channels": "[1, 4096]",
+        "res2_channels": "[1, 4096]",
+        "bottleneck_channels": "[1, 4096]",
+        "blocks_per_stage": "[1, 256]",
+        "res5_blocks": "[1, 256]",
+        "res5_dilation": "[1, 8]",
+        "anchor_sizes": "(0, 100000]",
+        "anchor_ratios": "(0, 1000]",
+        "rpn_channels": "[1, 8192]",
+        "pooler_resolution": "[1, 64]",
+        "num_classes": "[1, 1048576]",
+        "num_attributes": "[0, 1048576]",
+        "attr_embed_dim": "[1, 8192]",
+        "attr_hidden_dim": "[1, 8192]",
+        "min_size": "[1, 8192]",
+        "max_size": "[1, 8192]",
+        "pixel_std": "(0, 100000]",
+        "pre_nms_topk": "[1, 1000000]",
+        "post_nms_topk": "[1, 100000]",
+        "rpn_nms_thresh": "[0, 1]",
+        "bbox_reg_weights": "(0, 1000]",
+    }
 
     # architecture (detectron2's RESNETS.STEM_OUT_CHANNELS, RES2_OUT_CHANNELS, WIDTH_PER_GROUP)
     stem_channels: int = 64
@@ -83,6 +109,22 @@ class DetectorConfig:
 class TrainingConfig:
     """How the detector trains: detectron2's R-C4 defaults (configs/Base-RCNN-C4.yaml, config/defaults.py)
     and bottom-up attention's attribute loss weight (see `extraction.predictor.attribute_loss`)."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "rpn_iou_thresholds": "[0, 1]",
+        "rpn_batch_size": "[1, 1000000]",
+        "rpn_positive_fraction": "[0, 1]",
+        "rpn_pre_nms_topk": "[1, 1000000]",
+        "rpn_post_nms_topk": "[1, 1000000]",
+        "roi_batch_size": "[1, 1000000]",
+        "roi_positive_fraction": "[0, 1]",
+        "roi_iou_threshold": "[0, 1]",
+        "attr_loss_weight": "[0, 1000]",
+        "freeze_at": "[0, 4]",
+        "min_sizes": "[1, 8192]",
+        "max_size": "[1, 8192]",
+        "flip_prob": "[0, 1]",
+    }
 
     rpn_iou_thresholds: tuple[float, float] = (0.3, 0.7)  # below: negative, above: positive
     rpn_batch_size: int = 256  # anchors sampled per image

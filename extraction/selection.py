@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torchvision.ops import batched_nms, nms
@@ -20,6 +21,15 @@ CAFFE_FLOORS = (0.05, 0.01, 0.0)
 @dataclass(frozen=True)
 class SelectionConfig:
     """Which regions of the proposals are kept: `rule` names a row of RULES."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "min_boxes": "[0, 4096]",
+        "max_boxes": "[1, 4096]",
+        "conf_thresh": "[0, 1]",
+        "nms_thresh": "[0, 1]",
+        "score_thresh": "[0, 1]",
+        "maxnms_thresholds": "[0, 1]",
+    }
 
     rule: str = "caffe"
     min_boxes: int = 36

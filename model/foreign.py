@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .files import regular_file
+
 log = logging.getLogger(__name__)
 
 
@@ -36,6 +38,7 @@ class ConversionReport:
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """A safetensors file or a tensors-only torch file (`weights_only=True`; `{'state_dict': ...}` too)."""
+    regular_file(path, "weights")
     try:
         if path.suffix == ".safetensors":
             return load_file(str(path))

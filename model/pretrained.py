@@ -13,6 +13,8 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from safetensors.torch import load_file, save_file
 
+from .files import read_json, regular_file
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "xmodal"
@@ -98,7 +100,10 @@ class PretrainedMixin:
                 f"a {cls.config_class.__name__}: load it with a class of its own family"
             )
         fields = {f.name for f in dataclasses.fields(cls.config_class)}
-        cfg = cls.config_class.from_dict({**meta_cfg, **{k: v for k, v in overrides.items() if k in fields}})
+        cfg = cls.config_class.from_dict(
+            {**meta_cfg, **{k: v for k, v in overrides.items() if k in fields}},
+            where=f"{Path(directory) / CONFIG_NAME}",
+        )
         kwargs = init_kwargs if architecture == cls.__name__ else {}
         kwargs = {**kwargs, **{k: v for k, v in overrides.items() if k not in fields}}
         try:
@@ -113,12 +118,9 @@ class PretrainedMixin:
 
 def _read_meta(directory: Path) -> dict[str, Any]:
     config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
+    if not config_path.exists():
         raise FileNotFoundError(f"{config_path} not found: expected a directory written by save_pretrained")
-    try:
-        meta = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{config_path} is not valid JSON ({err}); rewrite it with save_pretrained") from err
+    meta = read_json(config_path, "model config")
     if not isinstance(meta, dict):
         raise ValueError(f"{config_path} holds no JSON object; rewrite it with save_pretrained")
     return meta
@@ -156,8 +158,9 @@ def read_checkpoint(directory: str | Path) -> Checkpoint:
         return _families().read_foreign(directory)
     architecture, config, init_kwargs = _xmodal_meta(directory, meta)
     weights = directory / WEIGHTS_NAME
-    if not weights.is_file():
+    if not weights.exists():
         raise FileNotFoundError(f"{weights} not found beside {directory / CONFIG_NAME}")
+    regular_file(weights, "weights")
     try:
         state = load_file(str(weights))
     except Exception as err:  # safetensors raises its own error types for a damaged file

@@ -18,6 +18,9 @@ RECORDS_DB = b"records"
 META_DB = b"meta"
 META_KEY = b"meta"
 FEATURE_DTYPES = ("float16", "float32")
+# far above any detector's (2048-d, 100 boxes), so that a damaged record cannot size an allocation
+MAX_FEATURE_DIM, MAX_BOXES = 65536, 4096
+MAX_IMAGE_SIDE = 1 << 20  # pixels; image sizes are stored as 32-bit integers
 
 
 def new_meta(feature_dim: int, max_boxes: int, dtype: str, provenance: dict | None) -> dict:
@@ -66,6 +69,15 @@ def decode_meta(raw: bytes | None, path: str | Path) -> dict:
     for key in ("feature_dim", "dtype", "max_boxes", "count"):
         if key not in meta:
             raise StoreFormatError(f"{path}: metadata record lacks {key!r}: the store is damaged")
+    for key, high in (("feature_dim", MAX_FEATURE_DIM), ("max_boxes", MAX_BOXES), ("count", None)):
+        value = meta[key]
+        low = 0 if key == "count" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
+            allowed = f"an integer >= {low}" + (f" and <= {high}" if high else "")
+            raise StoreFormatError(
+                f"{path}: metadata record says {key}={value!r}, which must be {allowed}: the store is "
+                f"damaged; run `xmodal features verify {path}`, then re-extract or re-import it"
+            )
     if meta["dtype"] not in FEATURE_DTYPES:
         raise StoreFormatError(f"{path}: unknown feature dtype {meta['dtype']!r} in the metadata record")
     return meta

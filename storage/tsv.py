@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from storage.errors import BadInputError
+from storage.metadata import MAX_BOXES, MAX_IMAGE_SIDE
 from storage.reader import FeatureReader
 from storage.records import UNKNOWN_LABEL, RegionFeatures
 
@@ -107,9 +108,15 @@ def _parse(fields: dict[str, bytes]) -> RegionFeatures:
             ints[name] = int(fields[name])
         except ValueError:
             raise BadInputError(f"field {name} is {fields[name][:20]!r}, not an integer") from None
+    # the row's schema: counts and sizes a store can hold, checked before they size an allocation
+    for name, low, high in (
+        ("img_h", 0, MAX_IMAGE_SIDE),
+        ("img_w", 0, MAX_IMAGE_SIDE),
+        ("num_boxes", 0, MAX_BOXES),
+    ):
+        if not low <= ints[name] <= high:
+            raise BadInputError(f"field {name} is {ints[name]}, outside [{low}, {high}]")
     n = ints["num_boxes"]
-    if n < 0:
-        raise BadInputError(f"num_boxes is negative ({n})")
     arrays = {}
     for name, (dtype, per_box) in _ARRAYS.items():
         if name not in fields:

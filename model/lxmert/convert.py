@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..files import read_json, regular_file
 from ..pretrained import Checkpoint, load_weights, read_checkpoint
 from .config import LxmertConfig
 from .finetuning import LxmertForNLVR2, LxmertForQuestionAnswering
@@ -205,7 +206,7 @@ def to_hf_state(
 def read_huggingface_dir(directory: Path) -> Checkpoint | None:
     """(xmodal architecture, config dict, constructor kwargs, our state dict) from a HuggingFace LXMERT
     directory; None when `directory` holds another kind of model."""
-    meta = json.loads((directory / "config.json").read_text())
+    meta = read_json(directory / "config.json", "model config")
     if not isinstance(meta, dict) or meta.get("model_type") != "lxmert":
         return None
     act = meta.get("hidden_act", "gelu")
@@ -216,7 +217,7 @@ def read_huggingface_dir(directory: Path) -> Checkpoint | None:
     values = {k: meta[k] for k in _HF_CONFIG_FIELDS if k in meta}
     if "visual_loss_normalizer" in meta:
         values["visual_loss_scale"] = meta["visual_loss_normalizer"]
-    cfg = LxmertConfig.from_dict(values)
+    cfg = LxmertConfig.from_dict(values, where=f"{directory / 'config.json'}")
     hf = _load_hf_weights(directory)
     hf_arch = (meta.get("architectures") or [None])[0]
     by_hf = {v: k for k, v in HF_ARCHITECTURES.items()}
@@ -232,8 +233,9 @@ def _load_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = directory / name
         if index.is_file():
-            weight_map = json.loads(index.read_text()).get("weight_map")
-            if not isinstance(weight_map, dict):
+            data = read_json(index, "sharded index")
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ValueError(f"{index}: no weight_map naming the shard of each weight")
             shards = sorted(set(weight_map.values()))
             state: dict[str, torch.Tensor] = {}
@@ -246,6 +248,7 @@ def _load_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    regular_file(path, "weights")
     try:
         if path.suffix == ".safetensors":
             return load_file(str(path))

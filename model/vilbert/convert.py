@@ -12,7 +12,6 @@ Two layouts are read (`torch.load(weights_only=True)`, `module.` stripped, `gamm
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..files import read_json, regular_file
 from .config import VilbertConfig
 from .finetuning import VilbertForNLVR2, VilbertForQuestionAnswering, VilbertForRetrieval
 from .modeling import Vilbert
@@ -116,6 +116,7 @@ class ConversionReport:
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
     """A released file's tensors with `module.` stripped and TF-style `gamma`/`beta` renamed."""
+    regular_file(path, "weights")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -322,7 +323,7 @@ def load_release(
         raise ValueError(f"head {head!r}: choose one of {sorted(HEADS)}")
     values: dict[str, Any] = {}
     if config_file is not None:
-        values = config_from_reference(json.loads(Path(config_file).read_text()))
+        values = config_from_reference(read_json(config_file, "ViLBERT config"))
     task_table = state.get("bert.embeddings.task_embeddings.weight")
     if task_table is not None:
         values["task_vocab_size"] = task_table.shape[0]

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from ..files import read_json
 from ..foreign import ConversionReport, read_weights
 from ..pretrained import Checkpoint, read_checkpoint
 from .config import VisualBertConfig
@@ -123,9 +124,9 @@ def load_hf_state(model: nn.Module, hf: dict[str, torch.Tensor], source: str) ->
 
 def _hf_meta(directory: Path) -> dict[str, Any] | None:
     config_path = directory / "config.json"
-    if not config_path.is_file():
+    if not config_path.exists():
         raise FileNotFoundError(f"{config_path} not found: give a transformers VisualBERT directory")
-    meta = json.loads(config_path.read_text())
+    meta = read_json(config_path, "model config")
     return meta if isinstance(meta, dict) and meta.get("model_type") == "visual_bert" else None
 
 

@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from model.files import read_json
+
 ANSWERS_FILE = "ans2label.json"  # the table beside a pre-trained or fine-tuned model
 
 # The release's conversions (lxmert `AnswerTable.ANS_CONVERT`): whole answers only.
@@ -78,11 +80,9 @@ class AnswerTable:
         pre-training QA head's, 9500 rows for Epoch20_LXRT.pth)."""
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
-        except OSError as exc:
-            raise ValueError(f"cannot read answer table {path}: {exc.strerror}; check the path") from exc
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+            data = read_json(path, "answer table")
+        except FileNotFoundError as exc:
+            raise ValueError(str(exc)) from None
         if isinstance(data, list) and all(isinstance(a, str) for a in data):
             return cls._from_file(data, path)
         if isinstance(data, list) and all(isinstance(a, dict) for a in data):

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from model.files import read_json
 from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import pad_regions, region_arrays
 from pipelines.data.row_files import DATASETS_SUFFIXES, RowProblems, json_cell, kind_of, read_row_file
@@ -54,13 +55,12 @@ def tokenize_caption(raw: str) -> list[str]:
 
 def _load_json(path: str | Path) -> object:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CaptionDataError(f"{path}: no such file; pass the path to the caption JSON")
     try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CaptionDataError(f"{path}: not valid JSON ({err}); re-download or re-export the file") from None
+        return read_json(path, "caption JSON")
+    except ValueError as err:
+        raise CaptionDataError(f"{err}; re-download or re-export the file") from None
 
 
 def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
@@ -84,15 +84,22 @@ def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
                 f"{where} has split {row['split']!r}; expected one of {sorted(KARPATHY_SPLITS)}"
             )
         captions, raw = [], []
+        if not isinstance(row["sentences"], list):
+            kind = type(row["sentences"]).__name__
+            raise CaptionDataError(f"{where}.sentences is {kind}; it must be a list of sentence objects")
         for s, sentence in enumerate(row["sentences"]):
             if not isinstance(sentence, dict) or not ("tokens" in sentence or "raw" in sentence):
                 raise CaptionDataError(f"{where}.sentences[{s}] needs 'tokens' or 'raw'")
-            text = str(sentence.get("raw", " ".join(sentence.get("tokens", []))))
             tokens = sentence.get("tokens")
+            if tokens is not None and (
+                not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens)
+            ):
+                raise CaptionDataError(f"{where}.sentences[{s}].tokens must be a list of strings")
+            if "raw" in sentence and not isinstance(sentence["raw"], str):
+                raise CaptionDataError(f"{where}.sentences[{s}].raw must be a string")
+            text = sentence["raw"] if "raw" in sentence else " ".join(tokens or [])
             if tokens is None:
                 tokens = tokenize_caption(text)
-            elif not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-                raise CaptionDataError(f"{where}.sentences[{s}].tokens must be a list of strings")
             captions.append([t.lower() for t in tokens])
             raw.append(text)
         image_id = row.get("cocoid", row.get("imgid"))

@@ -2,50 +2,47 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from model.files import JSON_LIMIT, parse_json, read_text
+
 
 def read_json(path: str | Path) -> Any:
-    """One JSON document; unreadable or malformed files raise ValueError naming the file and the spot."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}; check the path") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); fix the file"
-        ) from exc
+    """One JSON document; unreadable, non-regular, too deep or malformed files raise ValueError naming the
+    file and the spot."""
+    return _parse(Path(path), _read(path))
 
 
 def read_rows(path: str | Path) -> list[dict]:
     """Rows of a JSON list file, or of a JSON-lines file (the official NLVR2 release)."""
     path = Path(path)
+    text = _read(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror}; check the path") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as first:
+        data = _parse(path, text)
+    except ValueError as first:
         data = []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                data.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{path}: neither a JSON list ({first.msg} at line {first.lineno}) nor JSON lines "
-                    f"(line {n}: {e.msg}); fix the file"
-                ) from e
+                data.append(parse_json(line, f"{path} line {n}"))
+            except ValueError as e:
+                raise ValueError(f"{path}: neither a JSON list ({first}) nor JSON lines ({e})") from None
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise ValueError(f"{path}: expected a JSON list of objects (or one object per line)")
     return data
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return read_text(path, "JSON file", JSON_LIMIT)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{exc}") from None
+
+
+def _parse(path: Path, text: str) -> Any:
+    return parse_json(text, str(path))
 
 
 def field(row: dict, name: str, kind: type | tuple[type, ...], path: Path, index: int):

@@ -10,7 +10,7 @@ object masking drawn here (`apply_object_masking`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -162,6 +162,15 @@ def sample_answers(labels: np.ndarray, scores: np.ndarray, rng: np.random.Genera
 @dataclass
 class MaskingConfig:
     """Which pre-training tasks get labels, and the release's probabilities."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "mlm_prob": "[0, 1]",
+        "object_prob": "[0, 1]",
+        "object_zero": "[0, 1]",
+        "object_swap": "[0, 1]",
+        "mismatch_prob": "[0, 1]",
+        "max_seq_len": "[3, 65536]",
+    }
 
     mlm: bool = True
     matched: bool = True

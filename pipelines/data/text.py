@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -10,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from pipelines.data.json_rows import read_json
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 DEFAULT_VOCAB_SIZE = 30522  # bert-base-uncased
@@ -92,10 +93,7 @@ def corpus_texts(files: Sequence[str | Path]) -> Iterator[str]:
             with f.open(encoding="utf-8") as fh:
                 yield from (line.strip() for line in fh if line.strip())
             continue
-        try:
-            rows = json.loads(f.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{f}: not valid JSON ({exc})") from exc
+        rows = read_json(f)
         if not isinstance(rows, list):
             raise ValueError(f"{f}: expected a JSON list of examples")
         for i, row in enumerate(rows):

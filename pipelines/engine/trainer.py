@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -41,6 +41,34 @@ _TRAIN_STREAM, _VALID_STREAM, _STEP_STREAM = 0, 1, 2
 class TrainConfig:
     """How to optimise; the task decides what. `batch_size` is global: examples per optimizer step over
     all workers and accumulation steps (a micro-batch holds batch_size / (workers x grad_accum))."""
+
+    # the one place each setting's range is written; checked when a config is resolved (model.ranges)
+    RANGES: ClassVar[dict[str, str]] = {
+        "lr": "[0, 1000]",
+        "momentum": "[0, 1)",
+        "batch_size": "[1, 16777216]",
+        "epochs": "[1, 1000000]",
+        "max_steps": "[0, 1000000000]",
+        "lr_steps": "[1, 1000000000]",
+        "lr_gamma": "(0, 1]",
+        "warmup_ratio": "[0, 1]",
+        "warmup_iters": "[0, 1000000000]",
+        "warmup_factor": "[0, 1]",
+        "weight_decay": "[0, 1]",
+        "clip_norm": "> 0",
+        "grad_accum": "[1, 65536]",
+        "save_every": "[1, 1000000000]",
+        "keep_checkpoints": "[1, 1000000]",
+        "log_every": "[1, 1000000000]",
+        "eval_every": "[1, 1000000000]",
+        "eval_batch_size": "[1, 16777216]",
+        "seed": "[0, 4294967295]",
+        "loader_workers": "[0, 1024]",
+        "device": "device",
+        "workers": "[0, 65536]",
+        "gpus_per_worker": "[0, 64]",
+        "cpus_per_worker": "[0, 1024]",
+    }
 
     lr: float = 1e-4
     # bertadam: the LXMERT release's BertAdam (no bias correction, eps 1e-6); adamw: torch's AdamW;
@@ -96,6 +124,10 @@ class TrainConfig:
             )
         if self.momentum < 0:
             raise ValueError(f"train.momentum must be >= 0; got {self.momentum}")
+
+
+class NonFiniteLoss(ValueError):
+    """The loss went NaN or infinite: the run stops (exit 1) with the step, the terms and the checkpoint."""
 
 
 class Task(Protocol):
@@ -313,6 +345,18 @@ class TrainingRun:
             prefetch_factor=4 if workers > 0 else None,
         )
 
+    def _non_finite(self, loss: torch.Tensor, parts: dict[str, float]) -> str:
+        """One line: the step, the loss terms that went non-finite, the last good checkpoint."""
+        terms = [f"{k}={float(v)}" for k, v in parts.items() if not math.isfinite(float(v))]
+        latest = latest_checkpoint(self.ckpt_root)
+        resume = (
+            f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written"
+        )
+        return (
+            f"loss is {loss.item()} at step {self.step + 1} ({', '.join(terms) or 'the total only'}); "
+            f"{resume}; lower train.lr or check the data"
+        )
+
     def _optimizer_step(self, model: torch.nn.Module, batches: Iterator[dict]) -> dict[str, float]:
         cfg = self.cfg
         seed = np.random.SeedSequence([cfg.seed, _STEP_STREAM, self.step, self.rank]).generate_state(1)[0]
@@ -324,9 +368,7 @@ class TrainingRun:
             with contextlib.nullcontext() if sync else model.no_sync(), self._autocast():
                 loss, parts = self.task.loss(model, batch)
             if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"loss is {loss.item()} at step {self.step}; lower lr or check the data"
-                )
+                raise NonFiniteLoss(self._non_finite(loss, parts))
             scaled = loss / cfg.grad_accum
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             parts = {"loss": float(loss.detach()), **parts}

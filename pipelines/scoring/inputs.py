@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from model.files import read_json
 
 
 class ScoringInputError(ValueError):
@@ -15,16 +16,11 @@ def load_json(path: str | os.PathLike) -> object:
     """The parsed JSON of `path`, or a one-line error saying where it is broken."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return read_json(path, "JSON file")
     except FileNotFoundError:
         raise ScoringInputError(f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise ScoringInputError(f"{path}: not UTF-8 text ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ScoringInputError(
-            f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
-        ) from None
+    except ValueError as exc:
+        raise ScoringInputError(str(exc)) from None
 
 
 def rows_of(data: object, path: str | os.PathLike, what: str) -> list[dict]:

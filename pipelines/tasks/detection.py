@@ -9,7 +9,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from extraction.postprocess import detections
 from extraction.rcnn import RANDOM_SEED, VGFasterRCNN, init_random_weights
 from extraction.weights import init_from_checkpoint, save_detector_dir
 from pipelines.data.detection import DetectionCollate, DetectionData, DetectionDataset, load_detection_json
+from pipelines.engine import config_io
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
@@ -41,6 +42,12 @@ PRIMARY_METRIC = "AP"
 class DetectorTaskConfig:
     """What the detector trains on and from where; `detector` overrides DetectorConfig's test-time
     settings (validation runs with them), `training` overrides the preset's TrainingConfig."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "score_thresh": "[0, 1]",
+        "nms_thresh": "[0, 1]",
+        "detections_per_image": "[1, 100000]",
+    }
 
     images: str = ""  # the folder the annotations' file_name values are relative to
     annotations: str = ""  # COCO detection JSON (+ attribute_ids and an attributes table)
@@ -112,6 +119,8 @@ class DetectionTask:
     def __init__(self, cfg: DetectorTaskConfig, seed: int = 0):
         if cfg.preset not in PRESETS:
             raise ValueError(f"unknown detector preset {cfg.preset!r}; choose one of {sorted(PRESETS)}")
+        config_io.check_settings((DetectorConfig,), cfg.detector, "task.detector", "task.detector.")
+        config_io.check_settings((TrainingConfig,), cfg.training, "task.training", "task.training.")
         self.config = cfg
         self.seed = seed
         self.train_data: DetectionData = load_detection_json(cfg.annotations, cfg.images, strict=cfg.strict)

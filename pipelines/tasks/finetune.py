@@ -47,6 +47,16 @@ DEFAULT_PRESET = "base"
 class FinetuneConfig:
     """What to fine-tune on and from; `TrainConfig` says how to optimise."""
 
+    RANGES: ClassVar[dict[str, str]] = {
+        "answer_min_count": "[1, 1000000000]",
+        "max_answers": "[1, 1048576]",
+        "max_length": "[1, 65536]",
+        "vocab_min_count": "[1, 1000000000]",
+        "scst_from_epoch": "[0, 1000000]",
+        "scst_samples": "[1, 1024]",
+        "beam_size": "[1, 1024]",
+    }
+
     task: str = "vqa"  # a fine-tuning task of pipelines.tasks.TASKS
     # the model family (model.architectures.FAMILIES); None = the init directory's, else DEFAULT_ARCH
     arch: str | None = None

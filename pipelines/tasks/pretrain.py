@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -69,6 +69,13 @@ OBJECTIVE_LABELS = {
 @dataclass
 class PretrainConfig:
     """What to pre-train on and how; training hyper-parameters live in `TrainConfig`."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "answer_min_count": "[1, 1000000000]",
+        "max_answers": "[1, 1048576]",
+        "qa_from_epoch": "[0, 1000000]",
+        "qa_weight": "[0, 1000]",
+    }
 
     features: list[str] = field(default_factory=list)
     train_files: list[str] = field(default_factory=list)

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass
 class ServeConfig:
     """How the server listens, batches the detector and bounds its work."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "port": "[0, 65535]",
+        "max_batch": "[1, 4096]",
+        "max_wait_ms": "[0, 60000]",
+        "max_pending": "[1, 1000000]",
+        "timeout_s": "(0, 1000000]",
+        "max_upload_mb": "(0, 4096]",
+        "top_k": "[1, 1000]",
+        "beam_size": "[1, 1024]",
+        "attended": "[1, 4096]",
+        "max_question_chars": "[1, 1000000]",
+    }
 
     host: str = "127.0.0.1"
     port: int = 8000

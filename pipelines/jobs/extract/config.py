@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from extraction.config import DEFAULT_PRESET
 from pipelines.jobs.image_inputs import InputError
@@ -17,6 +18,20 @@ SETTINGS_KEYS = ("preset", "selection", "min_boxes", "max_boxes", "overrides", "
 @dataclass
 class ExtractConfig:
     """Everything `xmodal extract` can be told; one place for the defaults."""
+
+    RANGES: ClassVar[dict[str, str]] = {
+        "min_boxes": "[1, 4096]",
+        "max_boxes": "[1, 4096]",
+        "batch_size": "[1, 4096]",
+        "workers": "[1, 65536]",
+        "gpus_per_worker": "[0, 64]",
+        "cpus_per_worker": "(0, 1024]",
+        "max_failures": ">= 0",
+        "max_attempts": "[1, 100]",
+        "startup_timeout": "(0, 1000000]",
+        "decode_timeout": "(0, 1000000]",
+        "commit_seconds": "(0, 1000000]",
+    }
 
     inputs: list[str] = field(default_factory=list)  # image folders, list files or images
     out: str = ""  # the feature store to create or resume

@@ -244,7 +244,7 @@ def test_missing_and_extra_predictions_are_refused():
             "row 1: question 5 is predicted twice",
         ),
         ('{"question_id": 5}', "expected a JSON list"),
-        ('[{"question_id": 5, "answer": "a"},', "not valid JSON \\(line 1"),
+        ('[{"question_id": 5, "answer": "a"},', "not valid JSON \\(.* at line 1"),
     ],
 )
 def test_bad_prediction_files_name_the_file_and_row(tmp_path, content, match):
