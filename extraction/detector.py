@@ -14,10 +14,11 @@ import torch
 
 from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
-from extraction.postprocess import to_record
+from extraction.grid import GridConfig
+from extraction.postprocess import to_grid_record, to_record
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
-from extraction.rcnn import NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
+from extraction.rcnn import GRID_STAGES, NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
 from extraction.selection import SelectionConfig
 from extraction.weights import load_detector_weights, resolve_detector, weights_file
 from storage import RegionFeatures
@@ -25,6 +26,7 @@ from storage import RegionFeatures
 log = logging.getLogger(__name__)
 
 STAGES = ("preprocess", *NETWORK_STAGES, "selection")
+GRID_DETECT_STAGES = ("preprocess", *GRID_STAGES, "selection")  # `detect` with a grid
 RANDOM_WEIGHTS_WARNING = (
     "xmodal detector built with RANDOM weights (seed {seed}): its boxes, labels and features are "
     "meaningless for real use; pass weights=<faster_rcnn_from_caffe_attr.pkl | pytorch_model.bin | "
@@ -33,7 +35,8 @@ RANDOM_WEIGHTS_WARNING = (
 
 
 class Detector:
-    """The VG Faster R-CNN feature extractor; build it with `Detector.build`."""
+    """The VG Faster R-CNN feature extractor; build it with `Detector.build`. With a `grid` it writes the
+    grid's cells (res5 over the whole image, pooled) instead of selected regions."""
 
     def __init__(
         self,
@@ -44,6 +47,7 @@ class Detector:
         weights: dict,
         classes: list[str] | None = None,
         attributes: list[str] | None = None,
+        grid: GridConfig | None = None,
     ):
         self.model = model
         self.config = config
@@ -52,6 +56,7 @@ class Detector:
         self._weights = weights
         self.classes = classes  # object and attribute names where the weights carry them
         self.attributes = attributes
+        self.grid = grid
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
     @classmethod
@@ -64,12 +69,17 @@ class Detector:
         min_boxes: int = 36,
         max_boxes: int = 36,
         strict: bool = True,
+        grid: str | GridConfig | None = None,
         **overrides,
     ) -> Detector:
         """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig.
 
         `weights` may be a detector directory (detector.json + model.safetensors): its own architecture
-        and class and attribute names are used, and `preset` names only where the settings started."""
+        and class and attribute names are used, and `preset` names only where the settings started.
+        `grid` (`14x14`, `native/2` or a GridConfig) makes it a grid-feature extractor; the selection
+        settings then only name the attribute softmax convention and whether to keep class_probs."""
+        if isinstance(grid, str):
+            grid = GridConfig.parse(grid)
         config, sel, preset, classes, attributes = resolve_detector(
             preset, weights, selection, min_boxes, max_boxes, **overrides
         )
@@ -84,7 +94,7 @@ class Detector:
             report = load_detector_weights(model, weights_file(weights), strict=strict)
             info = weights_record(weights, RANDOM_SEED, report.summary(), classes, attributes)
         model.eval().to(torch.device(device))
-        return cls(model, config, sel, preset, info, classes, attributes)
+        return cls(model, config, sel, preset, info, classes, attributes, grid)
 
     @property
     def device(self) -> torch.device:
@@ -96,7 +106,9 @@ class Detector:
 
     def provenance(self) -> dict:
         """What produced the features: preset, configs, weights (path + sha256 or random), versions."""
-        return provenance(self.preset, self.config, self.selection, self._weights, self.feature_dim)
+        return provenance(
+            self.preset, self.config, self.selection, self._weights, self.feature_dim, self.grid
+        )
 
     def detect(
         self,
@@ -104,10 +116,10 @@ class Detector:
         ids: list[str] | None = None,
         timings: dict[str, float] | None = None,
     ) -> list[RegionFeatures]:
-        """Regions of each image (BGR uint8 arrays or paths); an image's regions do not depend on the
-        other images of the call.
+        """Regions (or grid cells) of each image (BGR uint8 arrays or paths); an image's record does not
+        depend on the other images of the call.
 
-        `timings`, when given, accumulates seconds per stage (STAGES).
+        `timings`, when given, accumulates seconds per stage (STAGES, or GRID_DETECT_STAGES with a grid).
         """
         if ids is not None and len(ids) != len(images):
             raise ValueError(f"got {len(images)} images but {len(ids)} ids")
@@ -127,6 +139,21 @@ class Detector:
                 inputs = [
                     batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
                 ]
+            if self.grid is not None:
+                cells = self.model.grid_features(inputs, self.grid, stage)
+                with stage("selection"):
+                    return [
+                        to_grid_record(
+                            out,
+                            img_id,
+                            orig.shape[:2],
+                            im.shape[:2],
+                            self.grid,
+                            self.selection.rule,
+                            self.selection.class_probs,
+                        )
+                        for out, img_id, orig, im in zip(cells, ids, originals, resized, strict=True)
+                    ]
             outputs = self.model(inputs, stage)
             with stage("selection"):
                 return [

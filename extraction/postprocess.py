@@ -1,4 +1,5 @@
-"""Network outputs -> stored records: decode scores and boxes, select the regions, rescale to the image."""
+"""Network outputs -> stored records: decode scores and boxes, select the regions, rescale to the image;
+or a grid's cells with their predicted labels."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from extraction.box_coder import BoxCoder, clip_boxes
+from extraction.grid import GridConfig, GridOutputs
 from extraction.rcnn import ImageOutputs
 from extraction.selection import RULES, SelectionConfig, select
 from storage import RegionFeatures
@@ -79,6 +81,34 @@ def to_record(
         attrs_id=_numpy(attrs_id, np.int64),
         attrs_conf=_numpy(attrs_conf, np.float32),
         class_probs=_numpy(decoded.probs[chosen.index], np.float32) if selection.class_probs else None,
+    )
+
+
+def to_grid_record(
+    out: GridOutputs,
+    img_id: str,
+    orig_hw: tuple[int, int],
+    input_hw: tuple[int, int],
+    grid: GridConfig,
+    attribute_rule: str,
+    class_probs: bool,
+) -> RegionFeatures:
+    """The cells as a stored record: boxes = cells in original pixels, labels = the predictor's best
+    foreground class and attribute (in `attribute_rule`'s softmax convention, as regions are)."""
+    probs = F.softmax(out.cls_logits, dim=-1)
+    conf, classes = probs[:, :-1].max(dim=1)
+    attrs_conf, attrs_id = attribute_confidence(out.attr_logits, attribute_rule)
+    return RegionFeatures(
+        img_id=img_id,
+        img_h=int(orig_hw[0]),
+        img_w=int(orig_hw[1]),
+        boxes=grid.cell_boxes(out.map_hw, input_hw, orig_hw),
+        features=_numpy(out.features, np.float32),
+        objects_id=_numpy(classes, np.int64),
+        objects_conf=_numpy(conf, np.float32),
+        attrs_id=_numpy(attrs_id, np.int64),
+        attrs_conf=_numpy(attrs_conf, np.float32),
+        class_probs=_numpy(probs, np.float32) if class_probs else None,
     )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from extraction.config import DEFAULT_PRESET, PRESETS, DetectorConfig
+from extraction.grid import GridConfig
 from extraction.selection import SelectionConfig
 
 log = logging.getLogger(__name__)
@@ -42,23 +43,37 @@ def weights_record(
 
 
 def provenance(
-    preset: str, config: DetectorConfig, selection: SelectionConfig, weights: dict, feature_dim: int
+    preset: str,
+    config: DetectorConfig,
+    selection: SelectionConfig,
+    weights: dict,
+    feature_dim: int,
+    grid: GridConfig | None = None,
 ) -> dict:
-    """What produced the features: preset, configs, weights (path + sha256 or random), versions."""
+    """What produced the features: preset, configs, weights (path + sha256 or random), versions, and
+    whether they are regions or grid cells (then the grid, how it was pooled, and its cell count as the
+    box counts)."""
     import cv2
     import PIL
     import torchvision
 
+    min_boxes, max_boxes = selection.min_boxes, selection.max_boxes
+    kind: dict = {"features": "regions"}
+    if grid is not None:
+        max_boxes = grid.max_cells(config)
+        min_boxes = max_boxes if grid.pool is None else 1
+        kind = {"features": "grid", "grid": grid.spec, "grid_method": grid.describe()}
     return {
         "detector": DETECTOR_NAME,
+        **kind,
         "preset": preset,
         "config": dataclasses.asdict(config),
         "weights": weights["path"],
         "weights_sha256": weights["sha256"],
         "selection": selection.rule,
         "selection_config": dataclasses.asdict(selection),
-        "min_boxes": selection.min_boxes,
-        "max_boxes": selection.max_boxes,
+        "min_boxes": min_boxes,
+        "max_boxes": max_boxes,
         "feature_dim": int(feature_dim),
         **(
             {"classes": weights["classes"], "attributes": weights["attributes"]}
@@ -78,8 +93,9 @@ def provenance(
 
 def detector_settings(recorded: dict) -> dict:
     """`Detector.build` keyword arguments that reproduce the extraction `recorded` by `provenance`: preset,
-    selection rule, box counts, every setting that differed from the preset (input size, proposals,
-    thresholds...) and the weights file if it still exists (else `weights=None`, random weights).
+    selection rule, box counts, the grid for grid features, every setting that differed from the preset
+    (input size, proposals, thresholds...) and the weights file if it still exists (else `weights=None`,
+    random weights).
 
     Keys this version does not know are ignored; an unknown preset falls back to the default one.
     """
@@ -87,9 +103,12 @@ def detector_settings(recorded: dict) -> dict:
     settings: dict = {"preset": preset}
     if recorded.get("selection"):
         settings["selection"] = recorded["selection"]
-    for key in ("min_boxes", "max_boxes"):
-        if isinstance(recorded.get(key), int):
-            settings[key] = recorded[key]
+    if recorded.get("features") == "grid" and isinstance(recorded.get("grid"), str):
+        settings["grid"] = recorded["grid"]
+    else:
+        for key in ("min_boxes", "max_boxes"):
+            if isinstance(recorded.get(key), int):
+                settings[key] = recorded[key]
     defaults = {
         "config": dataclasses.asdict(PRESETS[preset]),
         "selection_config": {

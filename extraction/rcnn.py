@@ -15,6 +15,7 @@ from torch import nn
 from extraction.backbone import Conv2d, ResNetC4
 from extraction.box_coder import BoxCoder
 from extraction.config import DetectorConfig, TrainingConfig
+from extraction.grid import GridConfig, GridOutputs
 from extraction.roi_heads import Res5ROIHeads
 from extraction.rpn import RPN
 from extraction.sampling import Matcher
@@ -22,6 +23,7 @@ from extraction.sampling import Matcher
 RANDOM_SEED = 0
 StageTimer = Callable[[str], contextlib.AbstractContextManager]
 NETWORK_STAGES = ("backbone", "rpn", "roi_head")
+GRID_STAGES = ("backbone", "res5_grid")  # the grid path: no proposals, res5 once over the whole map
 
 
 @dataclass
@@ -107,6 +109,29 @@ class VGFasterRCNN(nn.Module):
                 out.append(
                     ImageOutputs(boxes, objectness, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits)
                 )
+        return out
+
+    def grid_features(
+        self, images: list[torch.Tensor], grid: GridConfig, stage: StageTimer = _untimed
+    ) -> list[GridOutputs]:
+        """Normalised images -> each image's grid cells: stem -> res4 over the whole image, the RoI head's
+        res5 (same weights) over the whole res4 map, pooled by `grid`, then the box predictor on each
+        cell. Images run one at a time, as in `forward`, so a cell never depends on its batch-mates."""
+        out = []
+        with self._autocast(images[0].device if images else torch.device("cpu")):
+            for image in images:
+                with stage("backbone"):
+                    res4 = self.backbone(image[None])
+                with stage("res5_grid"):
+                    res5 = self.roi_heads.res5(res4)
+                    cells = grid.pool_map(res5)
+                    features = cells.flatten(2)[0].t().contiguous()  # (rows * cols, D), row-major
+                    # as the RoI head does, minus the box deltas: a cell's box is the cell
+                    with torch.autocast(features.device.type, enabled=False):
+                        predictor = self.roi_heads.box_predictor
+                        cls_logits = predictor.cls_score(features)
+                        attr_logits = predictor.attributes(features, cls_logits.argmax(dim=-1))
+                out.append(GridOutputs(features, cls_logits, attr_logits, tuple(res5.shape[-2:])))
         return out
 
     def evaluate_image(self, image: torch.Tensor, boxes: torch.Tensor) -> tuple[ImageOutputs, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""`xmodal extract`: region features for image folders, on this machine or a Ray cluster, resumable."""
+"""`xmodal extract`: region (or grid) features for image folders, on this machine or a Ray cluster,
+resumable."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ NAME.summary.json (total, done, skipped, failed, images_per_s, elapsed_s, ...), 
 Exit status: 0; 2 when more than --max-failures images failed (after finishing all others); 1 for
 unusable input (missing path, duplicate or too long ids, settings that differ from the existing store's),
 replicas the cluster cannot start within --startup-timeout, or replicas that keep dying.
+--features grid writes grid features from the same detector instead of regions: stem -> res4 over the
+whole image, res5 over the whole res4 map, pooled to --grid (14x14: Show, Attend and Tell's 196 cells;
+native/2: the native stride-16 map pooled by 2, grid-feats-vqa's shape); each cell is a record's box
+(in image pixels) with the box predictor's class and attributes, so every model reads the store unchanged.
 --config takes a YAML of ExtractConfig keys; flags win over it, and KEY=VALUE items (batch_size=8,
 overrides.nms_thresh=0.3) over both.
 
@@ -39,6 +44,7 @@ cluster can see.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from extraction.config import SELECTION_RULES
+    from extraction.grid import FEATURE_KINDS
     from pipelines.jobs.extract.config import SHARD_MODES, ExtractConfig
     from pipelines.jobs.image_inputs import ID_RULES
 
@@ -71,6 +77,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "architecture and class names) (default: random weights, for tests only)",
     )
     det.add_argument("--preset", help=f"detector preset {default('preset')}")
+    det.add_argument(
+        "--features",
+        choices=FEATURE_KINDS,
+        help=f"selected regions, or grid cells of the whole image {default('features')}",
+    )
+    det.add_argument(
+        "--grid",
+        metavar="ROWSxCOLS|native/K",
+        help=f"cells of --features grid: e.g. 14x14, or native/2 {default('grid')}",
+    )
     det.add_argument(
         "--selection", choices=SELECTION_RULES, help=f"region selection rule {default('selection')}"
     )
@@ -155,6 +171,8 @@ def resolve_extract_config(args: argparse.Namespace):
         "out": args.out,
         "recursive": args.recursive,
         "id_from": args.id_from,
+        "features": args.features,
+        "grid": args.grid,
         "preset": args.preset,
         "weights": args.weights,
         "selection": args.selection,
@@ -190,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     from extraction.config import DetectorConfig, resolve_config
     from extraction.selection import SelectionConfig
     from pipelines.engine import config_io
-    from pipelines.jobs.extract.config import SHARD_MODES, JobError
+    from pipelines.jobs.extract.config import SHARD_MODES, JobError, grid_config
     from pipelines.jobs.extract.driver import run_extract
     from pipelines.jobs.image_inputs import InputError
     from storage import StoreError
@@ -204,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         config_io.check_settings((DetectorConfig, SelectionConfig), cfg.overrides, "detector settings")
         detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
         resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
+        grid_config(cfg)
     except ValueError as exc:
         log.error("%s", exc)
         return 1
@@ -237,6 +256,8 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         "--out": args.out,
         "--config": args.config,
         "--id-from": args.id_from,
+        "--features": args.features,
+        "--grid": args.grid,
         "--weights": args.weights,
         "--preset": args.preset,
         "--selection": args.selection,

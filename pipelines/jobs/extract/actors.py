@@ -138,7 +138,7 @@ class Replica:
             self.writer = FeatureWriter(
                 self.shard,
                 feature_dim=int(self.det.feature_dim),
-                max_boxes=self.cfg.max_boxes,
+                max_boxes=provenance["max_boxes"],  # the grid's cell count for grid features
                 dtype=self.cfg.dtype,
                 meta=provenance,
                 # never mid-call: `detect` commits once at its end

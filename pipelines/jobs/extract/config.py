@@ -8,11 +8,23 @@ from pathlib import Path
 from typing import ClassVar
 
 from extraction.config import DEFAULT_PRESET
+from extraction.grid import DEFAULT_GRID, FEATURE_KINDS, GridConfig
 from pipelines.jobs.image_inputs import InputError
 
 # none: the driver writes one store; per-replica: each replica writes its own shard of a shard set
 SHARD_MODES = ("none", "per-replica")
-SETTINGS_KEYS = ("preset", "selection", "min_boxes", "max_boxes", "overrides", "weights_sha256")
+SETTINGS_KEYS = (
+    "features",
+    "grid",
+    "preset",
+    "selection",
+    "min_boxes",
+    "max_boxes",
+    "overrides",
+    "weights_sha256",
+)
+# what a store made before grid features existed recorded implicitly
+SETTINGS_DEFAULTS = {"features": "regions", "grid": None}
 
 
 @dataclass
@@ -38,6 +50,8 @@ class ExtractConfig:
     recursive: bool = False
     id_from: str = "stem"
     only_ids: list[str] | None = None  # extract just these ids of the listing (None: all)
+    features: str = "regions"  # or "grid": res5 over the whole image, pooled to `grid`'s cells
+    grid: str = DEFAULT_GRID  # ROWSxCOLS or native/K; read only with features: grid
     preset: str = DEFAULT_PRESET
     weights: str | None = None
     selection: str = "caffe"
@@ -94,8 +108,17 @@ def summary_path(out: str | Path) -> Path:
     return Path(out).with_suffix(".summary.json")
 
 
+def grid_config(cfg: ExtractConfig) -> GridConfig | None:
+    """The grid of a grid-feature job (ValueError naming the setting when it is not one), else None."""
+    if cfg.features not in FEATURE_KINDS:
+        raise ValueError(f"--features {cfg.features!r} is not one of {', '.join(FEATURE_KINDS)}")
+    return GridConfig.parse(cfg.grid) if cfg.features == "grid" else None
+
+
 def build_kwargs(cfg: ExtractConfig, device: str) -> dict:
+    grid = grid_config(cfg)
     return dict(
+        grid=grid.spec if grid is not None else None,
         preset=cfg.preset,
         weights=cfg.weights,
         device=device,
@@ -111,11 +134,15 @@ def recorded_settings(cfg: ExtractConfig, provenance: dict | None) -> dict:
 
     Without `provenance` (before any replica has hashed the weights) the checksum is left out.
     """
+    grid = grid_config(cfg)
     settings = {
+        "features": cfg.features,
+        "grid": grid.spec if grid is not None else None,
         "preset": cfg.preset,
         "selection": cfg.selection,
-        "min_boxes": cfg.min_boxes,
-        "max_boxes": cfg.max_boxes,
+        # a grid's cells are its box count; --min-boxes/--max-boxes do not apply
+        "min_boxes": cfg.min_boxes if grid is None else None,
+        "max_boxes": cfg.max_boxes if grid is None else None,
         "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(cfg.overrides.items())},
     }
     if provenance is not None:
@@ -132,13 +159,15 @@ def check_store_fits(out: Path, meta: dict, cfg: ExtractConfig) -> None:
     config = resolve_detector(
         cfg.preset, cfg.weights, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector
     )[0]
-    wanted = {"feature_dim": config.feature_dim, "max_boxes": cfg.max_boxes, "dtype": cfg.dtype}
+    grid = grid_config(cfg)
+    max_boxes = grid.max_cells(config) if grid is not None else cfg.max_boxes
+    wanted = {"feature_dim": config.feature_dim, "max_boxes": max_boxes, "dtype": cfg.dtype}
     differ = [k for k, v in wanted.items() if meta.get(k) != v]
     if differ:
         detail = ", ".join(f"{k} {meta.get(k)!r} (this job: {wanted[k]!r})" for k in differ)
         raise InputError(
             f"{out} holds records of another shape: {detail}; write to a new --out, or match the store's "
-            "settings (detector preset, --max-boxes, dtype)"
+            "settings (detector preset, --max-boxes or --grid, dtype)"
         )
 
 
@@ -168,9 +197,13 @@ def check_weights(path: str) -> None:
 def check_same_settings(out: Path, old: dict | None, new: dict) -> None:
     if old is None:
         return
-    changed = [k for k in SETTINGS_KEYS if k in new and old.get(k) != new[k]]
+
+    def recorded(key: str):
+        return old.get(key, SETTINGS_DEFAULTS.get(key))
+
+    changed = [k for k in SETTINGS_KEYS if k in new and recorded(k) != new[k]]
     if changed:
-        detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        detail = ", ".join(f"{k}: {recorded(k)!r} -> {new.get(k)!r}" for k in changed)
         raise InputError(
             f"{out} was extracted with other settings ({detail}); resuming would mix features: "
             f"choose a new --out or the original settings"

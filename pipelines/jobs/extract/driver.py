@@ -121,7 +121,7 @@ def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
             writer = FeatureWriter(
                 out,
                 feature_dim=infos[0]["feature_dim"],
-                max_boxes=cfg.max_boxes,
+                max_boxes=provenance["max_boxes"],  # the grid's cell count for grid features
                 dtype=cfg.dtype,
                 meta=provenance,
             )

@@ -53,6 +53,22 @@ def test_config_and_overrides_travel_to_the_cluster_command(tmp_path):
     assert vars(forwarded) == vars(args)
 
 
+def test_grid_flags_reach_the_config_and_the_cluster_command():
+    argv = ["imgs", "--out", "g.lmdb", "--features", "grid", "--grid", "native/2"]
+    cfg = _resolve(argv)
+    assert (cfg.features, cfg.grid) == ("grid", "native/2")
+    assert _resolve(["imgs", "--out", "g.lmdb", "--features", "grid"]).grid == "14x14"
+    args = build_parser().parse_args(["extract", *argv])
+    assert vars(build_parser().parse_args(cluster_argv(args))) == vars(args)
+
+
+def test_a_bad_grid_is_one_line_before_any_work(caplog):
+    assert main(["extract", "a/", "--out", "f.lmdb", "--features", "grid", "--grid", "fourteen"]) == 1
+    assert "--grid 'fourteen' is neither ROWSxCOLS (e.g. 14x14) nor native/K" in caplog.text
+    assert main(["extract", "a/", "--out", "f.lmdb", "features=grids"]) == 1
+    assert "--features 'grids' is not one of regions, grid" in caplog.text
+
+
 def test_bad_config_key_or_value_is_bad_input(tmp_path, caplog):
     path = tmp_path / "extract.yaml"
     path.write_text("inputs: [a/]\nout: f.lmdb\nbatch_sise: 3\n")

@@ -881,3 +881,76 @@ def test_a_store_of_another_shape_is_refused_before_ray_starts(tmp_path, monkeyp
         InputError, match=r"f\.lmdb holds records of another shape: feature_dim 64 \(this job: 2048\)"
     ):
         run_extract(config(images, store))
+
+
+# ---- grid features ----
+
+
+@pytest.mark.slow
+def test_a_grid_job_equals_detecting_each_image_alone_and_resumes(image_dir, ray_session, tmp_path):
+    """`--features grid`: the same job (decoders, replicas, errors file, resume) writes each image's cells,
+    bit for bit those of `Detector.detect` on that image alone, in a store sized to the grid."""
+    import torch
+
+    from extraction import Detector, ImageError, load_image
+    from pipelines.jobs.extract.driver import run_extract
+    from storage import FeatureReader
+
+    out = tmp_path / "grid.lmdb"
+    cfg = config(image_dir, out, features="grid", grid="4x3", workers=1, cpus_per_worker=1.0)
+    summary = run_extract(cfg)
+    assert (summary.done, summary.failed) == (N_GOOD, len(BROKEN))
+    assert set(read_errors(out)) == BROKEN
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        det = Detector.build(grid="4x3", **TINY)
+        reader = FeatureReader(out)
+        assert reader.max_boxes == 12 and reader.meta["provenance"]["features"] == "grid"
+        assert reader.meta["provenance"]["extract_settings"]["grid"] == "4x3"
+        for item in iter_images([image_dir]):
+            try:
+                image = load_image(item.path)
+            except ImageError:
+                continue
+            want = det.detect([image], [item.img_id])[0]
+            got = reader[item.img_id]
+            assert got.num_boxes == 12
+            np.testing.assert_array_equal(got.boxes, want.boxes)
+            np.testing.assert_array_equal(got.objects_id, want.objects_id)
+            np.testing.assert_array_equal(got.attrs_id, want.attrs_id)
+            np.testing.assert_array_equal(got.features, want.features.astype(reader.dtype))
+        reader.close()
+    finally:
+        torch.set_num_threads(threads)
+    again = run_extract(cfg)
+    assert (again.done, again.skipped) == (0, N_GOOD)
+
+
+def test_a_grid_store_is_not_resumed_as_regions_nor_with_another_grid(tmp_path, monkeypatch):
+    from pipelines.jobs.extract import driver
+    from pipelines.jobs.extract.config import check_same_settings, recorded_settings
+    from pipelines.jobs.extract.driver import run_extract
+    from storage import FeatureWriter
+
+    monkeypatch.setattr(driver, "init_ray", _no_ray)
+    images = tmp_path / "images"
+    make_images(images, 1)
+    store = tmp_path / "g.lmdb"
+    grid_cfg = config(images, store, features="grid", grid="14x14")
+    settings = recorded_settings(grid_cfg, {"weights_sha256": None})
+    FeatureWriter(store, feature_dim=2048, max_boxes=196, meta={"extract_settings": settings}).close()
+    with pytest.raises(InputError, match=r"features: 'grid' -> 'regions'"):
+        run_extract(config(images, store))
+    with pytest.raises(InputError, match=r"grid: '14x14' -> 'native/2'"):
+        run_extract(config(images, store, features="grid", grid="native/2"))
+    # a region store written before grid features existed records no `features`: still resumable as regions
+    old = {
+        k: v
+        for k, v in recorded_settings(config(images, store), None).items()
+        if k not in ("features", "grid")
+    }
+    check_same_settings(store, old, recorded_settings(config(images, store), None))
+    with pytest.raises(InputError, match="features: 'regions' -> 'grid'"):
+        check_same_settings(store, old, settings)

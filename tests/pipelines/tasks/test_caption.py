@@ -170,3 +170,46 @@ def test_an_init_that_is_not_a_captioning_run_is_named(corpus, tmp_path):
     for init, what in cases:
         with pytest.raises(ValueError, match=f"--init {init} {what}: it is not a captioning run's directory"):
             CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "init": str(init)}))
+
+
+def test_show_attend_tell_trains_on_a_grid_store_and_draws_its_attention_over_the_cells(corpus, tmp_path):
+    """A 14x14 grid store from the small detector: soft attention trains on its 196 cells, and captioning
+    a new image rebuilds the grid extractor from the store's provenance and lights cells, one per word."""
+    import dataclasses
+    import warnings
+
+    import cv2
+    import numpy as np
+
+    from extraction import Detector
+    from extraction.config import SMALL_PRESET
+    from pipelines.apps.caption import caption_image
+    from storage import FeatureWriter
+
+    _, split_file = corpus
+    ids = [row["filename"][:-4] for row in json.loads(split_file.read_text())["images"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        det = Detector.build(SMALL_PRESET, grid="14x14")
+    rng = np.random.default_rng(0)
+    images = [cv2.resize(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8), (160, 120)) for _ in ids]
+    store = tmp_path / "grid.lmdb"
+    with FeatureWriter(store, feature_dim=det.feature_dim, max_boxes=196, meta=det.provenance()) as writer:
+        for record in det.detect(images, ids):
+            writer.put(record)
+
+    run = caption_run((store, split_file), arch="sat-soft", steps=4)
+    run.task = dataclasses.replace(run.task, model={"visual_feat_dim": det.feature_dim})
+    finetune(run, tmp_path / "run")
+    image = tmp_path / "new.png"
+    cv2.imwrite(str(image), images[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = caption_image(
+            image, tmp_path / "run" / "last", explain=tmp_path / "attention.png", beam_size=2
+        )
+    assert result.regions.num_boxes == 196
+    np.testing.assert_array_equal(result.regions.features, det.detect([images[0]], ["new"])[0].features)
+    assert result.attentions.shape == (len(result.words), 196)
+    picture = cv2.imread(str(tmp_path / "attention.png"))
+    assert picture is not None and picture.shape[0] > 224

@@ -1,0 +1,110 @@
+"""Grid features: the detector's res5 run once over the whole res4 map, pooled to cells (Jiang et al.,
+"In Defense of Grid Features for VQA", CVPR 2020), each cell stored as a region whose box is the cell."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from extraction.config import DetectorConfig
+
+FEATURE_KINDS = ("regions", "grid")  # what `xmodal extract --features` writes
+DEFAULT_GRID = "14x14"  # Show, Attend and Tell's 196 annotation vectors
+MAP_STRIDE = 16  # res4's stride; res5 keeps it (stride 1, dilation 2, as in the caffe model)
+_FIXED = re.compile(r"^(\d+)x(\d+)$")
+_NATIVE = re.compile(r"^native/(\d+)$")
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """How res5's whole-image map becomes cells: `rows` x `cols` by adaptive average pooling (`14x14`),
+    or, with `pool`, the native map average-pooled by `pool` x `pool` windows (`native/2`: stride 32,
+    grid-feats-vqa's shape; the last window of a row or column averages what is left)."""
+
+    rows: int = 14
+    cols: int = 14
+    pool: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pool is not None and self.pool < 1:
+            raise ValueError(f"the native map's pooling factor must be at least 1, got {self.pool}")
+        if self.pool is None and min(self.rows, self.cols) < 1:
+            raise ValueError(f"a grid needs at least one row and column, got {self.rows}x{self.cols}")
+
+    @classmethod
+    def parse(cls, spec: str) -> GridConfig:
+        """`14x14` (rows x columns) or `native/2` (the native map pooled by 2)."""
+        text = str(spec).strip().lower()
+        if m := _FIXED.match(text):
+            return cls(rows=int(m[1]), cols=int(m[2]))
+        if m := _NATIVE.match(text):
+            return cls(pool=int(m[1]))
+        raise ValueError(f"--grid {spec!r} is neither ROWSxCOLS (e.g. 14x14) nor native/K (e.g. native/2)")
+
+    @property
+    def spec(self) -> str:
+        return f"native/{self.pool}" if self.pool is not None else f"{self.rows}x{self.cols}"
+
+    def max_cells(self, config: DetectorConfig) -> int:
+        """The most cells an image can have at the config's input size (a store's max_boxes)."""
+        if self.pool is None:
+            return self.rows * self.cols
+        side = self.pool * MAP_STRIDE
+        return math.ceil(config.min_size / side) * math.ceil(config.max_size / side)
+
+    def describe(self) -> str:
+        """How the cells were made, for the store's provenance."""
+        if self.pool is None:
+            pooling = f"adaptive average pooling to {self.rows}x{self.cols} cells"
+        else:
+            pooling = f"{self.pool}x{self.pool} average pooling (stride {self.pool * MAP_STRIDE} px)"
+        return (
+            f"stem->res4 over the whole image, res5 over the whole res4 map (stride {MAP_STRIDE}), "
+            f"{pooling}; each cell's class and attributes from the box predictor on its feature"
+        )
+
+    def pool_map(self, res5: torch.Tensor) -> torch.Tensor:
+        """(1, D, H, W) res5 map -> (1, D, rows, cols) cell features, float32."""
+        x = res5.float().contiguous()
+        if self.pool is None:
+            return F.adaptive_avg_pool2d(x, (self.rows, self.cols))
+        return F.avg_pool2d(x, self.pool, self.pool, ceil_mode=True)
+
+    def cell_boxes(
+        self, map_hw: tuple[int, int], input_hw: tuple[int, int], orig_hw: tuple[int, int]
+    ) -> np.ndarray:
+        """(rows * cols, 4) x1, y1, x2, y2 in original pixels, row-major; the cells tile the image."""
+        if self.pool is None:
+            ys = np.linspace(0.0, orig_hw[0], self.rows + 1)
+            xs = np.linspace(0.0, orig_hw[1], self.cols + 1)
+        else:
+            ys = _native_edges(map_hw[0], self.pool, input_hw[0]) * (orig_hw[0] / input_hw[0])
+            xs = _native_edges(map_hw[1], self.pool, input_hw[1]) * (orig_hw[1] / input_hw[1])
+            ys[-1], xs[-1] = orig_hw  # exact, whatever the rounding of the scale
+        y1, x1 = np.meshgrid(ys[:-1], xs[:-1], indexing="ij")
+        y2, x2 = np.meshgrid(ys[1:], xs[1:], indexing="ij")
+        return np.stack([x1, y1, x2, y2], axis=-1).reshape(-1, 4).astype(np.float32)
+
+
+def _native_edges(map_size: int, pool: int, input_size: int) -> np.ndarray:
+    """Input-pixel edges of the pooled native cells along one axis; the last one ends at the image's edge."""
+    cells = math.ceil(map_size / pool)
+    edges = np.minimum(np.arange(cells + 1, dtype=np.float64) * pool * MAP_STRIDE, input_size)
+    edges[-1] = input_size
+    return edges
+
+
+@dataclass
+class GridOutputs:
+    """One image's cells: features (N, D), the box predictor's class (N, C+1) and attribute (N, A+1)
+    logits on them, and the res5 map's (H, W) before pooling; all float32, cells row-major."""
+
+    features: torch.Tensor
+    cls_logits: torch.Tensor
+    attr_logits: torch.Tensor
+    map_hw: tuple[int, int]
