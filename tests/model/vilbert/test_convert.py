@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from model.vilbert import Vilbert, VilbertConfig, VilbertForPreTraining, VilbertForQuestionAnswering
 from model.row_order import MATCHED_INDEX
+from model.vilbert import Vilbert, VilbertConfig, VilbertForPreTraining, VilbertForQuestionAnswering
 from model.vilbert.convert import ConversionReport, config_from_reference, convert_vilbert, load_release
 
 Shapes = dict[str, tuple[int, ...]]

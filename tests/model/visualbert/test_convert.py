@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from model.visualbert import VisualBert, VisualBertForPreTraining, VisualBertForQuestionAnswering
 from model.row_order import MATCHED_INDEX
+from model.visualbert import VisualBert, VisualBertForPreTraining, VisualBertForQuestionAnswering
 from model.visualbert.convert import read_hf_dir
 
 transformers = pytest.importorskip("transformers")

@@ -52,7 +52,8 @@ def test_convert_visualbert_transformers_directory(tmp_path, capsys):
     # transformers scores "matched" at row 0, xmodal at row 1: the rows are swapped, and swapped back
     assert torch.equal(loaded.cls.seq_relationship.weight, hf.cls.seq_relationship.weight.flip(0))
     assert main(["convert", "visualbert", "--to-hf", str(tmp_path / "out"), str(tmp_path / "back")]) == 1
-    (tmp_path / "out" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "dog"]))
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "dog"]
+    (tmp_path / "out" / "vocab.txt").write_text("\n".join(words))
     assert main(["convert", "visualbert", "--to-hf", str(tmp_path / "out"), str(tmp_path / "back")]) == 0
     back = type(hf).from_pretrained(tmp_path / "back")
     for name, value in hf.state_dict().items():
