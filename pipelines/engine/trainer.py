@@ -459,7 +459,8 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
 
 def _schedule(cfg: TrainConfig, total: int):
     """The factor on lr for the update after `step` updates, as `cfg.schedule` says."""
-    warmup = cfg.warmup_iters if cfg.warmup_iters is not None else int(cfg.warmup_ratio * total)
+    # a fraction of the run, not truncated: the release's BertAdam warms up over warmup x t_total steps
+    warmup = cfg.warmup_iters if cfg.warmup_iters is not None else cfg.warmup_ratio * total
     if cfg.schedule == "steps":
         late = [s for s in cfg.lr_steps if s >= total]
         if late:
@@ -473,12 +474,12 @@ def _schedule(cfg: TrainConfig, total: int):
     return _linear_schedule(warmup, total, cfg.warmup_factor)
 
 
-def _warmup(step: int, warmup: int, start: float) -> float:
+def _warmup(step: int, warmup: float, start: float) -> float:
     alpha = step / warmup
     return start * (1 - alpha) + alpha  # start 0 gives step / warmup exactly
 
 
-def _linear_schedule(warmup: int, total: int, warmup_factor: float = 0.0):
+def _linear_schedule(warmup: float, total: int, warmup_factor: float = 0.0):
     def factor(step: int) -> float:
         if step < warmup:
             return _warmup(step, warmup, warmup_factor)
@@ -487,7 +488,7 @@ def _linear_schedule(warmup: int, total: int, warmup_factor: float = 0.0):
     return factor
 
 
-def _step_schedule(warmup: int, steps: list[int], gamma: float, warmup_factor: float):
+def _step_schedule(warmup: float, steps: list[int], gamma: float, warmup_factor: float):
     milestones = list(steps)
 
     def factor(step: int) -> float:
