@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(FAMILIES),
         help="model family (default: the --init directory's, else task.arch, else lxmert)",
     )
+    parser.add_argument(
+        "--recipe",
+        help="named settings under the config, flags and KEY=VALUE (caption: xmodal, the default for small "
+        "data; self-critical-updown, self-critical.pytorch's Up-Down cross-entropy recipe; "
+        "self-critical-updown-scst, its SCST phase)",
+    )
     parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
     parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")
     parser.add_argument(
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 "answers": args.answers,
                 "init_answers": args.init_answers,
             },
-            base=default_run(args.task),
+            base=default_run(args.task, args.recipe),
         )
         if run_cfg.task.task != args.task:
             raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +34,98 @@ log = logging.getLogger(__name__)
 CAPTION_INPUTS = ("input_ids", "visual_feats", "visual_pos", "visual_attention_mask")
 
 
+def scheduled_sampling_prob(cfg: FinetuneConfig, epoch: int) -> float:
+    """self-critical.pytorch's ss_prob: increase x ((epoch - start) // every), at most the maximum."""
+    start = cfg.scheduled_sampling_start
+    if start is None or epoch < start:
+        return 0.0
+    steps = (epoch - start) // cfg.scheduled_sampling_every
+    return min(cfg.scheduled_sampling_increase * steps, cfg.scheduled_sampling_max)
+
+
 def references(examples: Iterable[CaptionExample]) -> dict[int, list[str]]:
     """Tokenised reference strings by image id, the form CIDEr-D and the Python metrics take."""
     return {e.image_id: [" ".join(c) for c in e.label] for e in examples if e.label}
+
+
+def ids_text(ids: Iterable[int]) -> str:
+    """Word ids as the space-separated string self-critical.pytorch's `array_to_str` scores."""
+    return " ".join(str(i) for i in ids)
+
+
+def until_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
+    """A decoded row up to and with its first `<eos>` (the whole row when there is none)."""
+    return list(tokens[: tokens.index(eos_id) + 1]) if eos_id in tokens else list(tokens)
+
+
+def self_critical_cider(examples: Iterable[CaptionExample], vocab: Vocabulary, max_length: int) -> CiderD:
+    """self-critical.pytorch's SCST reward scorer over word ids: each image's references truncated to
+    `max_length` words with rare words as `<unk>` and `<eos>` after those that fit (its label arrays), and
+    document frequencies over the whole references with `<eos>` (prepro_ngrams.py's corpus)."""
+    truncated: dict[int, list[str]] = {}
+    whole: dict[int, list[str]] = {}
+    for e in examples:
+        if not e.label:
+            continue
+        truncated[e.image_id] = [
+            ids_text(until_eos(vocab.encode(c, max_length)[1:], vocab.eos_id)[:max_length]) for c in e.label
+        ]
+        whole[e.image_id] = [ids_text(vocab.encode(c, len(c))[1:]) for c in e.label]
+    return CiderD(truncated, document_frequencies=whole)
+
+
+SCST_REWARDS = ("cider-d", "self-critical")
+
+# Named settings (`xmodal finetune caption --recipe NAME`): (task fields, train fields) over the defaults.
+RECIPES: dict[str, tuple[dict, dict]] = {
+    # xmodal's defaults, chosen for small data: one reference per image and batches of 32 images, the
+    # global gradient norm clipped at 0.1, linear decay, no scheduled sampling, <unk> kept out of decoding
+    "xmodal": ({}, {}),
+    # self-critical.pytorch's Up-Down cross-entropy recipe (opts.py defaults and configs/updown): raw
+    # features, 10 images x 5 references per batch, Adam lr 5e-4 x0.8 every 3 epochs, every gradient value
+    # clipped at 0.1, scheduled sampling +0.05 every 5 epochs up to 0.25, 30 epochs; its beam search
+    # subtracts 1000 from <unk>'s log-prob
+    "self-critical-updown": (
+        {
+            "model": {"normalize_features": False},
+            "captions_per_image": 5,
+            "scheduled_sampling_start": 0,
+            "scheduled_sampling_every": 5,
+            "scheduled_sampling_increase": 0.05,
+            "scheduled_sampling_max": 0.25,
+            "unk_penalty": 1000.0,
+        },
+        {
+            "batch_size": 10,
+            "lr": 5e-4,
+            "schedule": "epochs",
+            "lr_decay_epochs": 3,
+            "lr_gamma": 0.8,
+            "clip_norm": None,
+            "clip_value": 0.1,
+        },
+    ),
+    # its SCST phase, from the cross-entropy run (--init): lr 5e-5 without decay, 5 samples per image
+    # against the greedy caption (with <unk> allowed), self-critical.pytorch's reward on word ids
+    "self-critical-updown-scst": (
+        {
+            "model": {"normalize_features": False},
+            "scst_from_epoch": 0,
+            "scst_samples": 5,
+            "scst_reward": "self-critical",
+            "scst_suppress_unk": False,
+            "unk_penalty": 1000.0,
+        },
+        {
+            "batch_size": 10,
+            "lr": 5e-5,
+            "schedule": "epochs",
+            "lr_gamma": 1.0,
+            "clip_norm": None,
+            "clip_value": 0.1,
+        },
+    ),
+}
 
 
 class CaptionTask(FinetuneTask):
@@ -81,9 +171,18 @@ class CaptionTask(FinetuneTask):
                 f"the vocabulary has {len(self.vocab)} words but the model {self.model_config.vocab_size}; "
                 "pass the vocab.json the model was trained with (--vocab)"
             )
-        # SCST rewards: CIDEr-D with document frequencies from the training references.
-        self.cider = CiderD(references(self.train_examples))
+        if cfg.scst_reward not in SCST_REWARDS:
+            raise ValueError(f"task.scst_reward {cfg.scst_reward!r}: choose one of {', '.join(SCST_REWARDS)}")
+        if cfg.captions_per_image < 1 or cfg.scst_samples < 1:
+            raise ValueError("task.captions_per_image and task.scst_samples must be at least 1")
+        # SCST rewards: CIDEr-D with document frequencies from the training references (on words, or on
+        # word ids as self-critical.pytorch scores them).
+        if cfg.scst_reward == "self-critical":
+            self.cider = self_critical_cider(self.train_examples, self.vocab, cfg.max_length)
+        else:
+            self.cider = CiderD(references(self.train_examples))
         self.self_critical = False
+        self.sampling_prob = 0.0
 
     # ---- setup
     def _load_split(self, files: Sequence[str], split: str, what: str) -> list[CaptionExample]:
@@ -120,11 +219,20 @@ class CaptionTask(FinetuneTask):
 
     @classmethod
     def default_train_config(cls) -> TrainConfig:
-        """As self-critical.pytorch's Up-Down recipe: lr 5e-4, no weight decay, gradient clip 0.1, 30 epochs
-        (its step decay is the engine's linear decay here)."""
+        """The `xmodal` recipe: Adam lr 5e-4 without weight decay or warm-up, 30 epochs, as
+        self-critical.pytorch; for small data, batches of 32 images, the global gradient norm clipped at 0.1
+        and linear decay (`--recipe self-critical-updown` is that repository's recipe exactly)."""
         return TrainConfig(
             lr=cls.lr, batch_size=32, epochs=30, warmup_ratio=0.0, clip_norm=0.1, weight_decay=0.0
         )
+
+    @classmethod
+    def recipe(cls, name: str) -> tuple[FinetuneConfig, TrainConfig]:
+        """The task and train settings of recipe `name` (RECIPES) over the defaults."""
+        if name not in RECIPES:
+            raise ValueError(f"recipe {name!r}: choose one of {', '.join(RECIPES)}")
+        task, train = RECIPES[name]
+        return replace(cls.default_config(), **task), replace(cls.default_train_config(), **train)
 
     @classmethod
     def default_config(cls) -> FinetuneConfig:
@@ -151,7 +259,7 @@ class CaptionTask(FinetuneTask):
         return collate_captions(items, None, pad_id)
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
-        return collate_captions(items, rng, self.vocab.pad_id)
+        return collate_captions(items, rng, self.vocab.pad_id, self.config.captions_per_image)
 
     # ---- training
     def set_epoch(self, epoch: int) -> None:
@@ -160,48 +268,74 @@ class CaptionTask(FinetuneTask):
         if switched and not self.self_critical:
             log.info("epoch %d: self-critical training (CIDEr-D reward, greedy baseline) from here on", epoch)
         self.self_critical = switched
+        self.sampling_prob = scheduled_sampling_prob(self.config, epoch)
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         if not self.self_critical:
-            out = model(**{k: batch[k] for k in CAPTION_INPUTS}, labels=batch["labels"])
-            return out.loss, {}
+            inputs = {k: batch[k] for k in CAPTION_INPUTS}
+            rows = batch.get("caption_rows")
+            if rows is not None:  # several references per image: each caption row reads its image
+                for k in ("visual_feats", "visual_pos", "visual_attention_mask"):
+                    inputs[k] = inputs[k].index_select(0, rows)
+            out = model(**inputs, labels=batch["labels"], scheduled_sampling=self.sampling_prob)
+            return out.loss, {"ss_prob": self.sampling_prob} if self.sampling_prob else {}
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ValueError("self-critical training runs in one process: set train.workers=0")
-        ids = batch["ids"]
-
-        def reward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            captions = [self.vocab.decode(t) for t in tokens.tolist()]
-            scores = self.cider.scores((ids[r], c) for r, c in zip(rows.tolist(), captions, strict=True))
-            return torch.from_numpy(scores)
-
         out = self_critical_loss(
             model,
             batch["visual_feats"],
             batch["visual_attention_mask"],
-            reward,
+            self.reward(batch["ids"]),
             samples_per_image=self.config.scst_samples,
+            suppress_unk=self.config.scst_suppress_unk,
         )
         return out.loss, {
             "reward": float(out.sample_reward.mean()),
             "greedy_reward": float(out.greedy_reward.mean()),
         }
 
+    def reward(self, ids: Sequence) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """SCST's reward of decoded rows (R, L) of the batch's images `ids` (the row's image in `rows`)."""
+
+        def reward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            if self.config.scst_reward == "self-critical":
+                captions = [ids_text(until_eos(t, self.vocab.eos_id)) for t in tokens.tolist()]
+            else:
+                captions = [self.vocab.decode(t) for t in tokens.tolist()]
+            scores = self.cider.scores((ids[r], c) for r, c in zip(rows.tolist(), captions, strict=True))
+            return torch.from_numpy(scores)
+
+        return reward
+
     def evaluate(self, model: torch.nn.Module, loader: Iterable[dict]) -> dict[str, float]:
-        predictions, _ = self.predict(model, loader, self.vocab, self.config.beam_size)
+        predictions, _ = self.predict(
+            model, loader, self.vocab, self.config.beam_size, unk_penalty=self.config.unk_penalty
+        )
         return self.score(predictions, self.valid_examples, java=False)
 
     # ---- predictions and scores
     @classmethod
     @torch.no_grad()
     def predict(
-        cls, model: torch.nn.Module, batches: Iterable[dict], answers: Vocabulary, beam_size: int = 3
+        cls,
+        model: torch.nn.Module,
+        batches: Iterable[dict],
+        answers: Vocabulary,
+        beam_size: int = 3,
+        unk_penalty: float | None = None,
     ) -> tuple[dict, float | None]:
         """The best beam's caption by image id (no loss: captions are generated, not teacher-forced)."""
         was_training = model.training
         model.eval()
         predictions: dict = {}
         for batch in batches:
-            beams = beam_search(model, batch["visual_feats"], batch["visual_attention_mask"], beam_size)
+            beams = beam_search(
+                model,
+                batch["visual_feats"],
+                batch["visual_attention_mask"],
+                beam_size,
+                unk_penalty=unk_penalty,
+            )
             predictions.update(
                 zip(batch["ids"], (answers.decode(t) for t in beams.best.tolist()), strict=True)
             )
@@ -242,6 +376,7 @@ class CaptionTask(FinetuneTask):
             "arch": self.config.arch,
             "max_length": self.config.max_length,
             "beam_size": self.config.beam_size,
+            "unk_penalty": self.config.unk_penalty,
             "vocab": VOCAB_FILE,
             "init": self.config.init,
             "features": list(self.config.features),

@@ -23,10 +23,15 @@ def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> Finet
     return get_finetune_task(cfg.task)(cfg, answers=answers)
 
 
-def default_run(task: str) -> FinetuneRun:
-    """A `task` run with the release's schedule."""
+def default_run(task: str, recipe: str | None = None) -> FinetuneRun:
+    """A `task` run with the release's schedule, or with the task's named `recipe`."""
     kind = get_finetune_task(task)
-    return FinetuneRun(task=kind.default_config(), train=kind.default_train_config())
+    if recipe is None:
+        return FinetuneRun(task=kind.default_config(), train=kind.default_train_config())
+    if not hasattr(kind, "recipe"):
+        raise ValueError(f"--recipe applies to tasks with named recipes (caption), not {task}")
+    task_cfg, train_cfg = kind.recipe(recipe)
+    return FinetuneRun(task=task_cfg, train=train_cfg)
 
 
 def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dict:

@@ -290,3 +290,38 @@ def test_amp_is_cuda_only():
     assert trainer._amp_dtype("bf16", torch.device("cpu")) is None
     assert trainer._amp_dtype("auto", torch.device("cpu")) is None
     assert math.isclose(trainer._linear_schedule(10, 100)(5), 0.5)
+
+
+class _ClipTask(ToyTask):
+    """One fixed example: gradients (800, 0.8) on a two-weight linear model."""
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Linear(2, 1, bias=False)
+
+    def train_dataset(self) -> Dataset:
+        return [np.array([1.0, 0.001], dtype=np.float32)] * 8
+
+    def valid_dataset(self):
+        return None
+
+    def collate(self, items: list, rng: np.random.Generator) -> dict:
+        return {"x": torch.from_numpy(np.stack(items))}
+
+    def loss(self, model, batch):
+        return 100.0 * model(batch["x"]).sum(), {}
+
+
+@pytest.mark.parametrize("mode", ["value", "norm"])
+def test_clip_value_clamps_each_gradient_element(tmp_path, mode):
+    """self-critical.pytorch's grad_clip_mode=value: both gradients become 0.1; the norm would scale."""
+    clip = {"clip_norm": None, "clip_value": 0.1} if mode == "value" else {"clip_norm": 0.1}
+    cfg = _cfg(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr=1.0, max_steps=1, warmup_ratio=0.0, **clip)
+    fit(_ClipTask(), cfg, tmp_path)
+    torch.manual_seed(cfg.seed)
+    start = _ClipTask().build_model().weight.detach()
+    after = _weights(tmp_path / "last")["weight"]
+    if mode == "value":
+        torch.testing.assert_close(after, start - 0.1)
+    else:
+        step = torch.tensor([[800.0, 0.8]]) * (0.1 / math.hypot(800.0, 0.8))
+        torch.testing.assert_close(after, start - step)
