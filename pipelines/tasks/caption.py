@@ -24,8 +24,9 @@ from pipelines.data.captions import (
     load_caption_examples,
 )
 from pipelines.engine.trainer import TrainConfig
-from pipelines.scoring.captions import evaluate_captions
+from pipelines.scoring.captions import CaptionScores, evaluate_captions, read_caption_results
 from pipelines.scoring.cider import CiderD
+from pipelines.scoring.inputs import ScoringInputError
 from pipelines.tasks.finetune import RUN_FILE, FinetuneConfig, FinetuneTask
 from storage import FeatureReader
 
@@ -72,6 +73,17 @@ def self_critical_cider(examples: Iterable[CaptionExample], vocab: Vocabulary, m
         ]
         whole[e.image_id] = [ids_text(vocab.encode(c, len(c))[1:]) for c in e.label]
     return CiderD(truncated, document_frequencies=whole)
+
+
+def _caption_scores(predictions: dict, examples: Sequence[CaptionExample], java: bool) -> CaptionScores:
+    """The COCO caption metrics of validation (`java=False`: Python metrics on the tokenised references)
+    and of `xmodal evaluate` / `score` (raw references through pycocoevalcap's tokenizer)."""
+    labelled = {e.image_id: e for e in examples if e.label}
+    if java:
+        refs = {k: list(e.raw) or [" ".join(c) for c in e.label] for k, e in labelled.items()}
+    else:
+        refs = references(labelled.values())
+    return evaluate_captions(refs, {k: predictions[k] for k in labelled}, pretokenized=not java, java=java)
 
 
 SCST_REWARDS = ("cider-d", "self-critical")
@@ -345,17 +357,39 @@ class CaptionTask(FinetuneTask):
     @staticmethod
     def score(predictions: dict, examples: Sequence[CaptionExample], java: bool = True) -> dict[str, float]:
         """COCO caption metrics ×100 (pycocoevalcap names) of the predictions against raw references."""
-        labelled = {e.image_id: e for e in examples if e.label}
-        if java:
-            refs = {k: list(e.raw) or [" ".join(c) for c in e.label] for k, e in labelled.items()}
-        else:
-            refs = references(labelled.values())
-        scores = evaluate_captions(
-            refs, {k: predictions[k] for k in labelled}, pretokenized=not java, java=java
-        )
+        scores = _caption_scores(predictions, examples, java)
         for name, reason in scores.skipped.items() if java else ():  # validation skips Java on purpose
             log.warning("%s skipped: %s", name, reason)
         return {name: 100.0 * value for name, value in scores.metrics.items()}
+
+    @staticmethod
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
+        """COCO caption metrics of a COCO results file against references (`FILE[:SPLIT]`: a COCO
+        captions_*.json or Karpathy's split file), through the same code as `xmodal evaluate caption`. As
+        the COCO evaluation, the predicted images are scored; each must have references."""
+        if questions is not None:
+            raise ScoringInputError(
+                f"{questions}: captioning has no questions file; the references are the gold"
+            )
+        results = read_caption_results(predictions)
+        examples = {e.image_id: e for e in load_caption_examples(gold) if e.label}
+        unknown = [i for i in results if i not in examples]
+        if unknown:
+            raise ScoringInputError(
+                f"{len(unknown)} captioned images have no references in {gold} (e.g. {unknown[0]}): "
+                "score against the references of the split that was captioned"
+            )
+        scores = _caption_scores(results, [examples[i] for i in results], java=True)
+        return {
+            **{name: 100.0 * value for name, value in scores.metrics.items()},
+            "images": len(results),
+            "skipped": scores.skipped,
+        }
 
     @staticmethod
     def write_predictions(path: str | Path, predictions: dict) -> Path:

@@ -106,6 +106,7 @@ class FinetuneTask:
     lr: ClassVar[float]  # the release: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
     example_noun: ClassVar[str] = "examples"
     primary_metric = "accuracy"
+    evaluators: ClassVar[tuple[str, ...]] = ()  # versions of the official script `score_files` offers
 
     def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
         if cfg.task != self.name:
@@ -173,9 +174,15 @@ class FinetuneTask:
         raise NotImplementedError
 
     @staticmethod
-    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
         """The official scores (pipelines.scoring) of a prediction file in the task's official format
-        against a gold file; `questions`: a questions file checked against the gold (VQA)."""
+        against a gold file; `questions`: a questions file checked against the gold (VQA); `evaluator`: one
+        of the task's `evaluators` (the versions of its official script), None = its default."""
         raise NotImplementedError
 
     @staticmethod
