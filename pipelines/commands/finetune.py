@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     from model import FAMILIES
-    from pipelines.tasks import finetuning_tasks
+    from pipelines.tasks import finetuning_tasks, get_finetune_task
 
     parser.add_argument("task", choices=finetuning_tasks(), help="which fine-tuning task")
     add_run_arguments(parser, "files")
@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--recipe",
+        choices=sorted({r for t in finetuning_tasks() for r in get_finetune_task(t).recipes}),
         help="named settings under the config, flags and KEY=VALUE (caption: xmodal, the default for small "
         "data; self-critical-updown, self-critical.pytorch's Up-Down cross-entropy recipe; "
         "self-critical-updown-scst, its SCST phase)",

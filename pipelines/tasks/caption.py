@@ -148,6 +148,7 @@ class CaptionTask(FinetuneTask):
     lr = 5e-4  # self-critical.pytorch's cross-entropy rate; SCST runs take 5e-5 (README)
     example_noun = "images"
     primary_metric = "CIDEr"
+    recipes = tuple(RECIPES)
 
     def __init__(self, cfg: FinetuneConfig, answers: Vocabulary | None = None) -> None:
         if cfg.task != self.name:

@@ -107,6 +107,7 @@ class FinetuneTask:
     example_noun: ClassVar[str] = "examples"
     primary_metric = "accuracy"
     evaluators: ClassVar[tuple[str, ...]] = ()  # versions of the official script `score_files` offers
+    recipes: ClassVar[tuple[str, ...]] = ()  # named settings `recipe(name)` offers (`--recipe`)
 
     def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
         if cfg.task != self.name:

@@ -14,7 +14,7 @@ from pipelines.data.answers import AnswerTable
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.jobs.ray_runtime import ray_for_workers
-from pipelines.tasks import get_finetune_task
+from pipelines.tasks import finetuning_tasks, get_finetune_task
 from pipelines.tasks.finetune import DEFAULT_ARCH, RUN_FILE, FinetuneConfig, FinetuneRun, FinetuneTask
 
 
@@ -28,8 +28,11 @@ def default_run(task: str, recipe: str | None = None) -> FinetuneRun:
     kind = get_finetune_task(task)
     if recipe is None:
         return FinetuneRun(task=kind.default_config(), train=kind.default_train_config())
-    if not hasattr(kind, "recipe"):
-        raise ValueError(f"--recipe applies to tasks with named recipes (caption), not {task}")
+    if not kind.recipes:
+        with_recipes = [t for t in finetuning_tasks() if get_finetune_task(t).recipes]
+        raise ValueError(
+            f"--recipe applies to tasks with named recipes ({', '.join(with_recipes)}), not {task}"
+        )
     task_cfg, train_cfg = kind.recipe(recipe)
     return FinetuneRun(task=task_cfg, train=train_cfg)
 

@@ -48,8 +48,46 @@ def test_self_critical_updown_recipe_is_the_repository_s():
     assert set(RECIPES) == {"xmodal", "self-critical-updown", "self-critical-updown-scst"}
     with pytest.raises(ValueError, match="recipe 'nope'"):
         default_run("caption", "nope")
-    with pytest.raises(ValueError, match="--recipe applies"):
+    with pytest.raises(ValueError, match=r"--recipe applies to tasks with named recipes \(caption\)"):
         default_run("vqa", "self-critical-updown")
+
+
+def test_recipe_is_a_choice_of_the_command_line(tmp_path, capsys):
+    from pipelines.cli import main as xmodal
+
+    with pytest.raises(SystemExit) as exit_info:
+        xmodal(
+            [
+                "finetune",
+                "caption",
+                "--recipe",
+                "self-critical",
+                "--out",
+                str(tmp_path / "run"),
+                "--features",
+                "f.lmdb",
+                "--train",
+                "t.json",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "invalid choice: 'self-critical'" in err
+    assert all(name in err for name in RECIPES)  # the choices are the table's names
+    rc = xmodal(
+        [
+            "finetune",
+            "vqa",
+            "--recipe",
+            "self-critical-updown",
+            "--out",
+            str(tmp_path / "run"),
+            "--features",
+            "f.lmdb",
+            "--train",
+            "t.json",
+        ]
+    )
+    assert rc == 1 and "--recipe applies" in capsys.readouterr().err
 
 
 def _reference_lr(epoch: int) -> float:
