@@ -92,17 +92,49 @@ class Captioner(nn.Module, PretrainedMixin):
         visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         labels: torch.Tensor | None = None,
+        scheduled_sampling: float = 0.0,
     ) -> CaptionOutput:
         """Teacher forcing: step t reads word input_ids[:, t] and predicts labels[:, t] (`<pad>` ignored).
 
         The heads' shared signature; a caption's own `<pad>` ends it, so `attention_mask` and
         `token_type_ids` are not needed, and the regions' boxes (`visual_pos`) are not used by these models.
+        `scheduled_sampling` > 0 in training: see `scheduled_unroll`.
         """
         if visual_feats is None:
             raise ValueError("a captioner needs visual_feats (batch, regions, features)")
+        if not 0.0 <= scheduled_sampling <= 1.0:
+            raise ValueError(f"scheduled_sampling {scheduled_sampling} must lie in [0, 1]")
         ctx = self.encode(visual_feats, visual_attention_mask)
+        if scheduled_sampling > 0.0 and self.training:
+            logits, alphas = self.scheduled_unroll(ctx, input_ids, scheduled_sampling)
+            loss = None
+            if labels is not None:
+                loss = self.word_loss(logits, labels) + self.attention_penalty(alphas, labels, ctx.mask)
+            return CaptionOutput(logits, loss, alphas if output_attentions else None)
         logits, alphas, loss = self.teacher_forced(ctx, input_ids, labels)
         return CaptionOutput(logits, loss, alphas if output_attentions else None)
+
+    def scheduled_unroll(
+        self, ctx: Context, inputs: torch.Tensor, prob: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing with scheduled sampling as self-critical.pytorch's `_forward`: from the second
+        step on, each caption's input word is, with probability `prob`, drawn from the model's previous
+        distribution (the draw carries no gradient) instead of the reference word."""
+        state = self.init_state(ctx)
+        logits: list[torch.Tensor] = []
+        alphas: list[torch.Tensor] = []
+        for t in range(inputs.shape[1]):
+            tokens = inputs[:, t]
+            if t >= 1:
+                swap = torch.rand(tokens.shape[0], device=tokens.device) < prob
+                if bool(swap.any()):
+                    drawn = torch.multinomial(logits[-1].detach().float().softmax(-1), 1).squeeze(1)
+                    tokens = torch.where(swap, drawn, tokens)
+            out = self.step(tokens, state, ctx)
+            state = out.state
+            logits.append(out.logits)
+            alphas.append(out.alpha)
+        return torch.stack(logits, 1), torch.stack(alphas, 1)
 
     def teacher_forced(
         self, ctx: Context, inputs: torch.Tensor, labels: torch.Tensor | None

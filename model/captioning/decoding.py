@@ -141,10 +141,14 @@ def beam_search(
     max_length: int | None = None,
     length_alpha: float = 0.0,
     suppress_unk: bool = True,
+    unk_penalty: float | None = None,
 ) -> Beams:
-    """Beam search over B·K rows at once; finished beams stay in the beam with their score frozen."""
+    """Beam search over B·K rows at once; finished beams stay in the beam with their score frozen.
+    With `suppress_unk`, `unk_penalty` None bans `<unk>`; a number is subtracted from its log-prob
+    instead, as self-critical.pytorch's beam search does (1000)."""
     cfg = model.config
-    banned = torch.tensor(never_emitted(cfg, suppress_unk), device=features.device)
+    penalise = suppress_unk and unk_penalty is not None and cfg.unk_token_id is not None
+    banned = torch.tensor(never_emitted(cfg, suppress_unk and not penalise), device=features.device)
     max_length = max_length or cfg.max_length
     batch, k, device = features.shape[0], beam_size, features.device
     ctx = model.encode(features, mask)
@@ -163,6 +167,8 @@ def beam_search(
     for _ in range(max_length):
         out = model.step(tokens, state, ctx)
         logp = torch.log_softmax(out.logits.float().index_fill(1, banned, float("-inf")), dim=-1)
+        if penalise:
+            logp[:, cfg.unk_token_id] -= unk_penalty
         vocab = logp.shape[-1]
         # A finished beam extends only by `<pad>` at no cost, so it keeps its place and score.
         frozen = torch.full_like(logp, float("-inf"))

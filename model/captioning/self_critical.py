@@ -28,12 +28,14 @@ def self_critical_loss(
     reward: RewardFn,
     samples_per_image: int = 1,
     generator: torch.Generator | None = None,
+    suppress_unk: bool = True,
 ) -> SelfCriticalOutput:
-    """−(r(wˢ) − r(ŵ)) Σₜ log p(wˢₜ), averaged over sampled tokens; ŵ is decoded greedily in eval mode."""
+    """−(r(wˢ) − r(ŵ)) Σₜ log p(wˢₜ), averaged over sampled tokens; ŵ is decoded greedily in eval mode
+    (`<unk>` kept out of it with `suppress_unk`; self-critical.pytorch's greedy baseline allows it)."""
     batch = features.shape[0]
     was_training = model.training
     model.eval()
-    baseline_tokens = greedy(model, features, mask).tokens
+    baseline_tokens = greedy(model, features, mask, suppress_unk=suppress_unk).tokens
     model.train(was_training)
     rows = torch.arange(batch, device=features.device).repeat_interleave(samples_per_image)
     drawn = sample(

@@ -8,6 +8,8 @@ Two layouts are read (`torch.load(weights_only=True)`, `module.` stripped, `gamm
 - volta (`BertForVLPreTraining`): one list of sublayers `bert.encoder.layer.S`, attention and
   feed-forward alternating, each carrying a text part (`query`, `dense`, `LayerNorm`) and/or a visual part
   (`v_query`, `v_dense`, `v_LayerNorm`); ViLBERT's layers and co-attention layers are read back out of it.
+Both keep their meaning: the alignment head's two rows are swapped (the release's "matched" is row 0,
+xmodal's row 1) and the region head's rows rotated so the background class comes last, as in the store.
 """
 
 from __future__ import annotations
@@ -23,12 +25,23 @@ import torch
 from torch import nn
 
 from ..files import read_json, regular_file
+from ..row_order import background_last, swap_match_rows
 from .config import VilbertConfig
 from .finetuning import VilbertForNLVR2, VilbertForQuestionAnswering, VilbertForRetrieval
 from .modeling import Vilbert
 from .pretraining import VilbertForPreTraining
 
 log = logging.getLogger(__name__)
+
+# Our weights whose rows the releases order otherwise (model/row_order.py): the release's alignment head
+# scores "matched" at row 0 (concept_cap_dataset.py's is_next = 0) and its region head puts the
+# background class first.
+_REORDER = {
+    "cls.bi_seq_relationship.weight": swap_match_rows,
+    "cls.bi_seq_relationship.bias": swap_match_rows,
+    "cls.imagePredictions.decoder.weight": background_last,
+    "cls.imagePredictions.decoder.bias": background_last,
+}
 
 # head choice -> (class, the release's head module name, our head module name)
 HEADS: dict[str, tuple[type, str | None, str | None]] = {
@@ -358,7 +371,7 @@ def load_release(
         elif own[ours].shape != value.shape:
             report.mis_shaped.append(f"{key}: file {tuple(value.shape)} vs model {tuple(own[ours].shape)}")
         else:
-            loaded[ours] = value
+            loaded[ours] = _REORDER[ours](value) if ours in _REORDER else value
             report.converted.append(key)
     report.missing = sorted(k for k in own if k not in loaded)
     if not report.ok:

@@ -10,6 +10,7 @@ from model.layers.dropout import Dropout
 from .config import VilbertConfig
 
 # The global image token sits at the whole image: (x1, y1, x2, y2, area) = (0, 0, 1, 1, 1).
+MASKED_OVERLAP_IOU = 0.4  # pre-training: regions overlapping a masked one this much leave the global mean
 GLOBAL_LOCATION = (0.0, 0.0, 1.0, 1.0, 1.0)
 
 
@@ -70,18 +71,25 @@ class ImageEmbeddings(nn.Module):
 
 
 def with_global_region(
-    features: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor | None
+    features: torch.Tensor,
+    boxes: torch.Tensor,
+    mask: torch.Tensor | None,
+    image_feats: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Regions as ViLBERT reads them: the global token first, every box as (x1, y1, x2, y2, area).
 
-    features (B, N, D), boxes (B, N, 4) normalised to [0, 1], mask (B, N) 1 = real region.
-    Returns features (B, N + 1, D) whose row 0 is the mean of the real regions, locations (B, N + 1, 5)
+    features (B, N, D), boxes (B, N, 4) normalised to [0, 1], mask (B, N) 1 = real region; image_feats
+    (B, D) the global token's feature (default: the mean of the real regions).
+    Returns features (B, N + 1, D) with the global token's in row 0, locations (B, N + 1, 5)
     and mask (B, N + 1) with the global token real. Padding regions are left as given: the mask keeps
     them out of every attention.
     """
     b, n, _ = features.shape
     real = features.new_ones(b, n) if mask is None else mask.to(features.dtype)
-    mean = (features * real[..., None]).sum(1) / real.sum(1, keepdim=True).clamp(min=1)
+    if image_feats is None:
+        mean = (features * real[..., None]).sum(1) / real.sum(1, keepdim=True).clamp(min=1)
+    else:
+        mean = image_feats.to(features.dtype)
     area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
     locations = torch.cat([boxes, area[..., None]], dim=-1).to(features.dtype)
     whole = features.new_tensor(GLOBAL_LOCATION).expand(b, 1, -1)
@@ -90,3 +98,33 @@ def with_global_region(
         torch.cat([whole, locations], dim=1),
         torch.cat([real.new_ones(b, 1), real], dim=1),
     )
+
+
+def box_iou(boxes: torch.Tensor) -> torch.Tensor:
+    """(B, N, 4) boxes (x1, y1, x2, y2) -> (B, N, N) pairwise IoU (0 where a union is empty)."""
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    area = (x2 - x1).clamp(min=0) * (y2 - y1).clamp(min=0)
+    w = torch.minimum(x2[..., :, None], x2[..., None, :]) - torch.maximum(x1[..., :, None], x1[..., None, :])
+    h = torch.minimum(y2[..., :, None], y2[..., None, :]) - torch.maximum(y1[..., :, None], y1[..., None, :])
+    inter = w.clamp(min=0) * h.clamp(min=0)
+    union = area[..., :, None] + area[..., None, :] - inter
+    return torch.where(union > 0, inter / union.clamp(min=1e-12), torch.zeros_like(inter))
+
+
+def pretraining_image_feats(
+    features: torch.Tensor,
+    boxes: torch.Tensor,
+    mask: torch.Tensor | None,
+    region_mask: torch.Tensor,
+    iou_threshold: float = MASKED_OVERLAP_IOU,
+) -> torch.Tensor:
+    """The global token's feature in pre-training, as vilbert-multi-task's loader computes it: the sum of
+    the regions' features as fed (masked ones mostly zeroed) over the number of real regions that overlap
+    no masked region by IoU > `iou_threshold` (a masked region overlaps itself), at least 1. Boxes are
+    normalised here, the release's in pixels with its +1 widths: the same IoU up to that pixel."""
+    b, n, _ = features.shape
+    real = features.new_ones(b, n, dtype=torch.bool) if mask is None else mask.bool()
+    masked = region_mask.bool() & real
+    near_masked = ((box_iou(boxes.float()) > iou_threshold) & masked[:, None, :]).any(-1)
+    count = (real & ~near_masked).sum(1, keepdim=True).clamp(min=1)
+    return (features * real[..., None]).sum(1) / count.to(features.dtype)

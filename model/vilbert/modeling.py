@@ -72,9 +72,11 @@ class Vilbert(PretrainedMixin, nn.Module):
         visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         inputs_embeds: torch.Tensor | None = None,
+        image_feats: torch.Tensor | None = None,
     ) -> VilbertOutput:
         """input_ids (B, L) starting with [CLS]; attention_mask (B, L) 1 = token; visual_feats (B, N, D);
-        visual_pos (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real region."""
+        visual_pos (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real region;
+        image_feats (B, D) the global token's feature (default: the mean of the real regions)."""
         self._check_inputs(input_ids, visual_feats, visual_pos)
         b, length = input_ids.shape
         if attention_mask is None:
@@ -84,7 +86,9 @@ class Vilbert(PretrainedMixin, nn.Module):
                 "attention_mask is 0 at position 0 of some row: the text pooler reads the first token "
                 "([CLS]); pad on the right (tokenizer padding_side='right')"
             )
-        feats, locations, vision_mask = with_global_region(visual_feats, visual_pos, visual_attention_mask)
+        feats, locations, vision_mask = with_global_region(
+            visual_feats, visual_pos, visual_attention_mask, image_feats
+        )
         text = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         text_mask = attention_mask.bool()
         task = self.config.task_token is not None

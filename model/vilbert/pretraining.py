@@ -12,6 +12,7 @@ from model.layers.init import init_weights
 from model.pretrained import PretrainedMixin
 
 from .config import VilbertConfig
+from .embeddings import pretraining_image_feats
 from .heads import PreTrainingHeads
 from .modeling import Vilbert
 
@@ -65,19 +66,31 @@ class VilbertForPreTraining(PretrainedMixin, nn.Module):
         region_probs: torch.Tensor | None = None,
         region_labels: torch.Tensor | None = None,
         region_weights: torch.Tensor | None = None,
+        image_feats: torch.Tensor | None = None,
     ) -> VilbertPreTrainingOutput:
         """Backbone inputs as `Vilbert.forward`. Labels, each optional and enabling its loss:
         lm_labels (B, L), -100 = not masked; matched_labels (B,) 1 = the caption belongs to the image;
         region_mask (B, N) 1 = region masked, with either region_probs (B, N, C), the detector's class
         distribution (loss: KL(target || softmax(logits)) summed over classes, mean over masked regions),
         or region_labels (B, N) with region_weights (B, N), a hard label and its confidence (loss: CE x
-        confidence, mean over masked regions). Labels at padding count for nothing."""
+        confidence, mean over masked regions). Labels at padding count for nothing. With region_mask the
+        global image token is the release loader's (`pretraining_image_feats`), not the plain mean;
+        image_feats (B, D) sets it."""
         if (
             region_mask is not None
             and region_probs is None
             and (region_labels is None or region_weights is None)
         ):
             raise ValueError("region_mask needs region_probs, or region_labels with region_weights")
+        if (
+            image_feats is None
+            and region_mask is not None
+            and visual_feats is not None
+            and visual_pos is not None
+        ):
+            image_feats = pretraining_image_feats(
+                visual_feats, visual_pos, visual_attention_mask, region_mask
+            )
         out = self.bert(
             input_ids,
             attention_mask,
@@ -86,6 +99,7 @@ class VilbertForPreTraining(PretrainedMixin, nn.Module):
             visual_pos,
             visual_attention_mask,
             output_attentions,
+            image_feats=image_feats,
         )
         words = self.bert.embeddings.word_embeddings.weight
         inference = lm_labels is None and matched_labels is None and region_mask is None

@@ -72,8 +72,10 @@ class VisualBertForQuestionAnswering(PretrainedMixin, nn.Module):
 
 
 class VisualBertForNLVR2(PretrainedMixin, nn.Module):
-    """One sentence and both images in one sequence (the regions of image i at visual position i) ->
-    pooled -> dropout -> Linear(H, 2), as transformers' `VisualBertForVisualReasoning`."""
+    """One sentence and both images in one sequence -> pooled -> dropout -> Linear(H, 2), as transformers'
+    `VisualBertForVisualReasoning`. The layout is uclanlp/visualbert's (`nlvr_dataset.py`), which its
+    released `visualbert-nlvr2` was trained with: image i's regions have visual token type i, and every
+    region the visual position 0."""
 
     config_class = VisualBertConfig
     base_model_prefix = "visual_bert."
@@ -103,6 +105,8 @@ class VisualBertForNLVR2(PretrainedMixin, nn.Module):
             raise ValueError(f"NLVR2 expects visual_feats of shape (B, 2, N, D), got {shape}")
         b, _, n, _ = visual_feats.shape
         image = torch.arange(2, device=visual_feats.device).repeat_interleave(n).expand(b, -1)
+        if self.config.type_vocab_size < 2:
+            raise ValueError("VisualBERT's NLVR2 layout needs type_vocab_size >= 2 (one type per image)")
         mask = None if visual_attention_mask is None else visual_attention_mask.flatten(1, 2)
         out = self.visual_bert(
             input_ids,
@@ -112,7 +116,7 @@ class VisualBertForNLVR2(PretrainedMixin, nn.Module):
             None,
             mask,
             output_attentions,
-            visual_position_ids=image,
+            visual_token_type_ids=image,
         )
         logits = self.cls(self.dropout(out.pooled_output))
         loss = F.cross_entropy(logits, labels) if labels is not None else None

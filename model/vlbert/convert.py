@@ -5,7 +5,9 @@ module (`module.image_feature_extractor.obj_downsample.1`), the [IMG] word besid
 (`module.object_linguistic_embeddings`), the pre-training heads inside `vlbert` and the VQA classifier at
 `module.final_mlp`. xmodal keeps the same names, with the visual embedding moved into the backbone and
 the heads beside it. The ResNet of the end-to-end detector has no place here (xmodal reads stored
-region features); its weights, like any other unused name, are listed in the report.
+region features); its weights, like any other unused name, are listed in the report. The release's
+region-class head puts the background class first; its rows are rotated to the store's order, background
+last, so a converted head and the store's `class_probs` name the same class by the same index.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from ..foreign import ConversionReport, read_weights
+from ..row_order import background_last
 from .config import VlBertConfig
 from .heads import VlBertForNLVR2, VlBertForQuestionAnswering
 from .modeling import VlBert
@@ -38,6 +41,7 @@ _RENAMES = (
 )
 # The release's second name of the word table: BERT's tied MLM decoder.
 _TIED = {"vlbert.mlm_head.predictions.decoder.weight": "vlbert.word_embeddings.weight"}
+_REGION_CLASSES = ("mvrc_head.region_cls_pred.weight", "mvrc_head.region_cls_pred.bias")
 
 
 def our_name(release_key: str, backbone_only: bool) -> str | None:
@@ -70,7 +74,7 @@ def load_release_state(model: nn.Module, state: dict[str, torch.Tensor], source:
             continue
         name = our_name(key, backbone_only)
         if name is not None and name in ours and ours[name].shape == value.shape:
-            mapped[name] = value
+            mapped[name] = background_last(value) if name in _REGION_CLASSES else value
             report.loaded.append(key)
         else:
             report.unexpected.append(key)

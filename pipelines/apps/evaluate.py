@@ -75,6 +75,8 @@ def evaluate(
         if beam_size < 1:
             raise ValueError(f"--beam-size must be at least 1, got {beam_size}")
         options["beam_size"] = beam_size
+        if tuned.settings.get("unk_penalty") is not None:  # the decoding the run's recipe validated with
+            options["unk_penalty"] = tuned.settings["unk_penalty"]
     examples = kind.load_examples(split)
     if not examples:
         raise ValueError(f"{', '.join(map(str, split))} holds no example")

@@ -8,10 +8,23 @@ from pathlib import Path
 from pipelines.tasks import get_finetune_task
 
 
-def score(task: str, predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
-    """The scores of `predictions` (the task's official result file) against `gold`: `accuracy` in percent
-    and the task's breakdowns (see pipelines.scoring). Malformed input raises ScoringInputError."""
-    return get_finetune_task(task).score_files(predictions, gold, questions)
+def score(
+    task: str,
+    predictions: str | Path,
+    gold: str | Path,
+    questions: str | Path | None = None,
+    evaluator: str | None = None,
+) -> dict:
+    """The scores of `predictions` (the task's official result file) against `gold`: the task's metrics
+    and breakdowns (see pipelines.scoring); `evaluator` picks a version of the official script where the
+    task has several (None: its default). Malformed input raises ScoringInputError."""
+    kind = get_finetune_task(task)
+    if evaluator is not None and evaluator not in kind.evaluators:
+        offered = (
+            f"one of {list(kind.evaluators)}" if kind.evaluators else "none: its evaluator has one version"
+        )
+        raise ValueError(f"--evaluator {evaluator} is not an evaluator of {task} ({offered})")
+    return kind.score_files(predictions, gold, questions, evaluator)
 
 
 def format_scores(scores: dict, as_json: bool = False) -> str:

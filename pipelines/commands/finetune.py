@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     from model import FAMILIES
-    from pipelines.tasks import finetuning_tasks
+    from pipelines.tasks import finetuning_tasks, get_finetune_task
 
     parser.add_argument("task", choices=finetuning_tasks(), help="which fine-tuning task")
     add_run_arguments(parser, "files", features_required=False)
@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--arch",
         choices=sorted(FAMILIES),
         help="model family (default: the --init directory's, else task.arch, else lxmert)",
+    )
+    parser.add_argument(
+        "--recipe",
+        choices=sorted({r for t in finetuning_tasks() for r in get_finetune_task(t).recipes}),
+        help="named settings under the config, flags and KEY=VALUE (caption: xmodal, the default for small "
+        "data; self-critical-updown, self-critical.pytorch's Up-Down cross-entropy recipe; "
+        "self-critical-updown-scst, its SCST phase)",
     )
     parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
     parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 "init_answers": args.init_answers,
                 "preset": args.preset,
             },
-            base=default_run(args.task),
+            base=default_run(args.task, args.recipe),
         )
         if run_cfg.task.task != args.task:
             raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")

@@ -361,19 +361,35 @@ class CaptionDataset(Dataset):
         return {"id": self.examples[i].image_id, "feats": feats, "boxes": boxes, "captions": self.captions[i]}
 
 
-def collate_captions(items: list[dict], rng: np.random.Generator | None = None, pad_id: int = 0) -> dict:
-    """Regions padded to the batch's largest set; with references, one per image (drawn with `rng`, the
-    first without) as `input_ids` = caption[:-1] and `labels` = caption[1:], padded with `pad_id`."""
+def collate_captions(
+    items: list[dict], rng: np.random.Generator | None = None, pad_id: int = 0, per_image: int = 1
+) -> dict:
+    """Regions padded to the batch's largest set; with references, `per_image` per image (one drawn with
+    `rng`, the first without; several: a run of `per_image` consecutive references from a random start, or
+    draws with replacement when an image has fewer, as self-critical.pytorch's loader) as `input_ids` =
+    caption[:-1] and `labels` = caption[1:], padded with `pad_id`; with `per_image` > 1, `caption_rows`
+    says which image each caption row belongs to."""
     batch = pad_regions([it["feats"] for it in items], [it["boxes"] for it in items]).model_inputs()
     batch["ids"] = [it["id"] for it in items]
     if all(it["captions"] for it in items):
-        chosen = [
-            it["captions"][int(rng.integers(len(it["captions"]))) if rng is not None else 0] for it in items
-        ]
+        chosen = [c for it in items for c in _pick(it["captions"], per_image, rng)]
         width = max(len(c) for c in chosen)
         padded = np.full((len(chosen), width), pad_id, dtype=np.int64)
         for row, caption in enumerate(chosen):
             padded[row, : len(caption)] = caption
         batch["input_ids"] = torch.from_numpy(padded[:, :-1])
         batch["labels"] = torch.from_numpy(padded[:, 1:])
+        if per_image > 1:
+            batch["caption_rows"] = torch.arange(len(items)).repeat_interleave(per_image)
     return batch
+
+
+def _pick(captions: list, count: int, rng: np.random.Generator | None) -> list:
+    if rng is None:
+        return [captions[i % len(captions)] for i in range(count)]
+    if count == 1:
+        return [captions[int(rng.integers(len(captions)))]]
+    if len(captions) < count:
+        return [captions[int(rng.integers(len(captions)))] for _ in range(count)]
+    start = int(rng.integers(len(captions) - count + 1))
+    return captions[start : start + count]

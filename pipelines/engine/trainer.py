@@ -79,12 +79,14 @@ class TrainConfig:
     epochs: int = 1
     max_steps: int | None = None  # when set, wins over epochs
     # linear: warm-up, then linear decay to 0 at the last step (the release's warm-up-linear);
-    # steps: warm-up, then lr x lr_gamma^(lr_steps passed) (detectron2's WarmupMultiStepLR)
-    schedule: Literal["linear", "steps"] = "linear"
+    # steps: warm-up, then lr x lr_gamma^(lr_steps passed) (detectron2's WarmupMultiStepLR);
+    # epochs: warm-up, then lr x lr_gamma^(epoch // lr_decay_epochs) (self-critical.pytorch's step decay)
+    schedule: Literal["linear", "steps", "epochs"] = "linear"
     # absolute step numbers s: updates s+1, s+2, ... (detectron2's iterations s, s+1, ...) use the lowered
     # rate; empty = constant after the warm-up
     lr_steps: list[int] = field(default_factory=list)
     lr_gamma: float = 0.1
+    lr_decay_epochs: int = 3  # schedule=epochs: epochs between two decays
     warmup_ratio: float = 0.05
     warmup_iters: int | None = None  # warm-up steps; when set, wins over warmup_ratio
     # the warm-up's first rate as a fraction of lr, rising linearly to 1 (detectron2's WARMUP_FACTOR);
@@ -93,6 +95,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     decay_norm_and_bias: bool = True  # the release's BertAdam decays every parameter; False skips 1-d ones
     clip_norm: float | None = 1.0
+    clip_value: float | None = None  # clamp every gradient element to ±clip_value (after clip_norm if any)
     grad_accum: int = 1
     amp: Literal["auto", "none", "bf16", "fp16"] = "auto"  # autocast on CUDA only; auto = bf16 if supported
     save_every: int | None = None  # steps between checkpoints; one is always written at the end
@@ -122,6 +125,10 @@ class TrainConfig:
             raise ValueError(
                 f"train.warmup_iters must be >= 0 (null: use warmup_ratio); got {self.warmup_iters}"
             )
+        if self.lr_decay_epochs < 1:
+            raise ValueError(f"train.lr_decay_epochs must be >= 1; got {self.lr_decay_epochs}")
+        if self.clip_value is not None and self.clip_value <= 0:
+            raise ValueError(f"train.clip_value must be > 0 (null: no clamping); got {self.clip_value}")
         if self.momentum < 0:
             raise ValueError(f"train.momentum must be >= 0; got {self.momentum}")
 
@@ -212,7 +219,9 @@ class TrainingRun:
         self.optimizer = build_optimizer(
             cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay, momentum=cfg.momentum
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(cfg, self.total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _schedule(cfg, self.total_steps, self.steps_per_epoch)
+        )
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.step = 0
         self.best: dict | None = None
@@ -378,6 +387,8 @@ class TrainingRun:
             self.scaler.unscale_(self.optimizer)
         if cfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        if cfg.clip_value:
+            torch.nn.utils.clip_grad_value_(self.model.parameters(), cfg.clip_value)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -502,9 +513,10 @@ def _param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
     ]
 
 
-def _schedule(cfg: TrainConfig, total: int):
+def _schedule(cfg: TrainConfig, total: int, steps_per_epoch: int = 1):
     """The factor on lr for the update after `step` updates, as `cfg.schedule` says."""
-    warmup = cfg.warmup_iters if cfg.warmup_iters is not None else int(cfg.warmup_ratio * total)
+    # a fraction of the run, not truncated: the release's BertAdam warms up over warmup x t_total steps
+    warmup = cfg.warmup_iters if cfg.warmup_iters is not None else cfg.warmup_ratio * total
     if cfg.schedule == "steps":
         late = [s for s in cfg.lr_steps if s >= total]
         if late:
@@ -515,15 +527,18 @@ def _schedule(cfg: TrainConfig, total: int):
             f"train.lr_steps {cfg.lr_steps} apply to train.schedule=steps, not {cfg.schedule!r}; "
             "set train.schedule=steps or train.lr_steps=[]"
         )
+    if cfg.schedule == "epochs":
+        every = cfg.lr_decay_epochs * steps_per_epoch  # updates between two decays
+        return _step_schedule(warmup, list(range(every, total, every)), cfg.lr_gamma, cfg.warmup_factor)
     return _linear_schedule(warmup, total, cfg.warmup_factor)
 
 
-def _warmup(step: int, warmup: int, start: float) -> float:
+def _warmup(step: int, warmup: float, start: float) -> float:
     alpha = step / warmup
     return start * (1 - alpha) + alpha  # start 0 gives step / warmup exactly
 
 
-def _linear_schedule(warmup: int, total: int, warmup_factor: float = 0.0):
+def _linear_schedule(warmup: float, total: int, warmup_factor: float = 0.0):
     def factor(step: int) -> float:
         if step < warmup:
             return _warmup(step, warmup, warmup_factor)
@@ -532,7 +547,7 @@ def _linear_schedule(warmup: int, total: int, warmup_factor: float = 0.0):
     return factor
 
 
-def _step_schedule(warmup: int, steps: list[int], gamma: float, warmup_factor: float):
+def _step_schedule(warmup: float, steps: list[int], gamma: float, warmup_factor: float):
     milestones = list(steps)
 
     def factor(step: int) -> float:

@@ -7,11 +7,14 @@ with the reason, instead of failing the whole evaluation.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipelines.scoring.inputs import ScoringInputError, load_json, required, rows_of
 
 # pycocoevalcap's PTB tokenizer drops these tokens after tokenising.
 _PUNCTUATION = {
@@ -165,3 +168,18 @@ def evaluate_captions(
     else:
         result.skipped["SPICE"] = reason
     return result
+
+
+def read_caption_results(path: str | os.PathLike) -> dict[int, str]:
+    """Image id -> caption from a COCO caption results file `[{"image_id": int, "caption": str}, ...]`
+    (one caption per image, as the COCO evaluation asserts)."""
+    results: dict[int, str] = {}
+    for i, row in enumerate(rows_of(load_json(path), path, "caption results")):
+        where = f"{path} row {i}"
+        image_id = required(row, "image_id", int, where)
+        if image_id in results:
+            raise ScoringInputError(f"{where}: image {image_id} has a second caption; give one per image")
+        results[image_id] = required(row, "caption", str, f"{where} (image {image_id})")
+    if not results:
+        raise ScoringInputError(f"{path}: no captions to score")
+    return results

@@ -42,8 +42,17 @@ class _ImageRefs:
 class CiderD:
     """CIDEr-D (n-grams 1..n, σ = 6, clipped, ×10) against a reference corpus fixed at construction."""
 
-    def __init__(self, references: Mapping[Hashable, Sequence[str]], n: int = 4, sigma: float = 6.0):
-        """references: image key → its reference captions, each a space-separated tokenised string."""
+    def __init__(
+        self,
+        references: Mapping[Hashable, Sequence[str]],
+        n: int = 4,
+        sigma: float = 6.0,
+        document_frequencies: Mapping[Hashable, Sequence[str]] | None = None,
+    ):
+        """references: image key → its reference captions, each a space-separated tokenised string.
+        `document_frequencies`: another corpus of the same form to count document frequencies and images
+        in (pyciderevalcap's `df=` cached corpus, as self-critical.pytorch's `coco-train-idxs`); default:
+        `references`."""
         if not references:
             raise ValueError("CIDEr-D needs at least one image with references")
         self.n, self.sigma = n, sigma
@@ -51,11 +60,16 @@ class CiderD:
         for key, refs in self._refs_text.items():
             if not refs:
                 raise ValueError(f"image {key!r} has no reference captions; drop it or add references")
+        corpus = self._refs_text
+        if document_frequencies is not None:
+            corpus = {key: [ref.split() for ref in refs] for key, refs in document_frequencies.items()}
+            if not corpus:
+                raise ValueError("CIDEr-D's document-frequency corpus is empty")
         document_frequency: Counter[NGram] = Counter()
-        for refs in self._refs_text.values():
+        for refs in corpus.values():
             document_frequency.update({g for ref in refs for g in ngram_counts(ref, n)})
         self._df = document_frequency
-        self._log_images = float(np.log(float(len(self._refs_text))))
+        self._log_images = float(np.log(float(len(corpus))))
         self._cache: dict[Hashable, _ImageRefs] = {}
 
     def idf(self, gram: NGram) -> float:

@@ -1,9 +1,14 @@
-"""VQA v2 accuracy as the official evaluation (GT-Vision-Lab/VQA `vqaEval.py`) computes it.
+"""VQA v2 accuracy as the official evaluation (GT-Vision-Lab/VQA `vqaEval.py`) computes it, in either
+of the script's two versions in use (`EVALUATORS`):
 
-The prediction is normalised (punctuation, number words, articles, contractions); the 10 human
-answers only have their punctuation processed, and only when they are not all identical (the
-official script's behaviour, kept so the numbers match). A question scores the mean over the 10
-leave-one-out subsets of min(#humans in the subset equal to the prediction / 3, 1).
+- "2017" (papers up to 2021 were scored with it): the prediction is always normalised (punctuation,
+  number words, articles, contractions); the 10 human answers only have their punctuation processed,
+  and only when they are not all identical.
+- "2021" (the repository's current script, "Fixed processing answers bug"): human answers are stripped;
+  when they are not all identical, they and the prediction are normalised alike; when they are, nothing is.
+
+A question scores the mean over the 10 leave-one-out subsets of min(#humans in the subset equal to the
+prediction / 3, 1).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from dataclasses import dataclass, field
 
 from pipelines.scoring.inputs import ScoringInputError, load_json, missing_error, required, rows_of
 
+EVALUATORS = ("2017", "2021")
+DEFAULT_EVALUATOR = "2021"  # the repository's current version
 # Replaced by a space, or removed when the answer has it next to a space or has a digit,digit group.
 PUNCTUATION = tuple(';/[]"{}()=+\\_-><@`,?!')
 # A period not followed by a digit is dropped. The official pattern starts with `(?!<=\d)`, a lookahead
@@ -103,19 +110,42 @@ def process_digit_article(text: str) -> str:
     return " ".join(CONTRACTIONS.get(w, w) for w in words if w not in ARTICLES)
 
 
+def _clean(answer: str) -> str:
+    return answer.replace("\n", " ").replace("\t", " ").strip()
+
+
 def normalize_prediction(answer: str) -> str:
-    """A predicted answer as the official evaluation compares it."""
-    answer = answer.replace("\n", " ").replace("\t", " ").strip()
-    return process_digit_article(process_punctuation(answer))
+    """A predicted answer as the 2017 evaluation always compares it (and the 2021 one when the humans
+    disagree)."""
+    return process_digit_article(process_punctuation(_clean(answer)))
 
 
-def question_accuracy(prediction: str, answers: Sequence[str]) -> float:
-    """Official accuracy (0..1) of a raw predicted answer against the human answers of one question."""
+def evaluator_name(evaluator: str) -> str:
+    """How a score names the script that computed it."""
+    return f"vqaEval.py {evaluator}"
+
+
+def check_evaluator(evaluator: str) -> str:
+    if evaluator not in EVALUATORS:
+        raise ValueError(f"unknown VQA evaluator {evaluator!r}; choose one of {list(EVALUATORS)}")
+    return evaluator
+
+
+def question_accuracy(prediction: str, answers: Sequence[str], evaluator: str = DEFAULT_EVALUATOR) -> float:
+    """Official accuracy (0..1) of a raw predicted answer against the human answers of one question, as
+    the `evaluator` version of vqaEval.py computes it."""
     if not answers:
         raise ValueError("a VQA question needs human answers to be scored")
-    predicted = normalize_prediction(prediction)
-    if len(set(answers)) > 1:
-        answers = [process_punctuation(a) for a in answers]
+    if check_evaluator(evaluator) == "2017":
+        predicted = normalize_prediction(prediction)
+        if len(set(answers)) > 1:
+            answers = [process_punctuation(a) for a in answers]
+    else:
+        predicted = _clean(prediction)
+        answers = [_clean(a) for a in answers]
+        if len(set(answers)) > 1:
+            answers = [process_digit_article(process_punctuation(a)) for a in answers]
+            predicted = process_digit_article(process_punctuation(predicted))
     equal = [a == predicted for a in answers]
     matches = sum(equal)
     return sum(min(1, (matches - held_out) / 3) for held_out in equal) / len(equal)
@@ -126,13 +156,20 @@ def soft_score(prediction: str, label: Mapping[str, float]) -> float:
     return float(label.get(normalize_prediction(prediction), 0.0))
 
 
-def score_vqa(predictions: Mapping[int, str], gold: Mapping[int, VQAGold], source: str | None = None) -> dict:
+def score_vqa(
+    predictions: Mapping[int, str],
+    gold: Mapping[int, VQAGold],
+    source: str | None = None,
+    evaluator: str = DEFAULT_EVALUATOR,
+) -> dict:
     """Accuracy in percent (two decimals) overall, `per_answer_type` and `per_question_type`.
 
     Every gold question needs a prediction and every prediction a gold question, as the official
     evaluation asserts. `method` is "official" when all questions carry their human answers, else
-    "lxmert-soft-labels" (the approximation through LXMERT's label scores).
+    "lxmert-soft-labels" (the approximation through LXMERT's label scores); `evaluator` names the
+    vqaEval.py version that scored the human answers (absent for soft labels, which have none).
     """
+    check_evaluator(evaluator)
     if not gold:
         raise ScoringInputError(f"{source or 'the gold set'}: no questions to score")
     missing = [qid for qid in gold if qid not in predictions]
@@ -151,7 +188,7 @@ def score_vqa(predictions: Mapping[int, str], gold: Mapping[int, VQAGold], sourc
     official = True
     for qid, truth in gold.items():
         if truth.answers:
-            score = question_accuracy(predictions[qid], truth.answers)
+            score = question_accuracy(predictions[qid], truth.answers, evaluator)
         else:
             official = False
             score = soft_score(predictions[qid], truth.label or {})
@@ -160,13 +197,16 @@ def score_vqa(predictions: Mapping[int, str], gold: Mapping[int, VQAGold], sourc
             per_answer_type[truth.answer_type].append(score)
         if truth.question_type is not None:
             per_question_type[truth.question_type].append(score)
-    return {
+    result = {
         "accuracy": percent(scores),
         "per_answer_type": {k: percent(v) for k, v in per_answer_type.items()},
         "per_question_type": {k: percent(v) for k, v in per_question_type.items()},
         "questions": len(scores),
         "method": "official" if official else "lxmert-soft-labels",
     }
+    if official:
+        result["evaluator"] = evaluator_name(evaluator)
+    return result
 
 
 def percent(scores: Sequence[float]) -> float:
@@ -276,7 +316,15 @@ def read_vqa_predictions(path: str | os.PathLike) -> dict[int, str]:
 
 
 def score_vqa_files(
-    predictions: str | os.PathLike, gold: str | os.PathLike, questions: str | os.PathLike | None = None
+    predictions: str | os.PathLike,
+    gold: str | os.PathLike,
+    questions: str | os.PathLike | None = None,
+    evaluator: str = DEFAULT_EVALUATOR,
 ) -> dict:
     """`score_vqa` of a result file against an annotations (or LXMERT) file."""
-    return score_vqa(read_vqa_predictions(predictions), read_vqa_gold(gold, questions), source=str(gold))
+    return score_vqa(
+        read_vqa_predictions(predictions),
+        read_vqa_gold(gold, questions),
+        source=str(gold),
+        evaluator=evaluator,
+    )

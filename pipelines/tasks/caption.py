@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,9 @@ from pipelines.data.captions import (
 )
 from pipelines.data.image_refs import StoreImages
 from pipelines.engine.trainer import TrainConfig
-from pipelines.scoring.captions import evaluate_captions
+from pipelines.scoring.captions import CaptionScores, evaluate_captions, read_caption_results
 from pipelines.scoring.cider import CiderD
+from pipelines.scoring.inputs import ScoringInputError
 from pipelines.tasks.finetune import RUN_FILE, FinetuneConfig, FinetuneTask
 from storage import FeatureReader
 
@@ -34,9 +36,109 @@ log = logging.getLogger(__name__)
 CAPTION_INPUTS = ("input_ids", "visual_feats", "visual_pos", "visual_attention_mask")
 
 
+def scheduled_sampling_prob(cfg: FinetuneConfig, epoch: int) -> float:
+    """self-critical.pytorch's ss_prob: increase x ((epoch - start) // every), at most the maximum."""
+    start = cfg.scheduled_sampling_start
+    if start is None or epoch < start:
+        return 0.0
+    steps = (epoch - start) // cfg.scheduled_sampling_every
+    return min(cfg.scheduled_sampling_increase * steps, cfg.scheduled_sampling_max)
+
+
 def references(examples: Iterable[CaptionExample]) -> dict[int, list[str]]:
     """Tokenised reference strings by image id, the form CIDEr-D and the Python metrics take."""
     return {e.image_id: [" ".join(c) for c in e.label] for e in examples if e.label}
+
+
+def ids_text(ids: Iterable[int]) -> str:
+    """Word ids as the space-separated string self-critical.pytorch's `array_to_str` scores."""
+    return " ".join(str(i) for i in ids)
+
+
+def until_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
+    """A decoded row up to and with its first `<eos>` (the whole row when there is none)."""
+    return list(tokens[: tokens.index(eos_id) + 1]) if eos_id in tokens else list(tokens)
+
+
+def self_critical_cider(examples: Iterable[CaptionExample], vocab: Vocabulary, max_length: int) -> CiderD:
+    """self-critical.pytorch's SCST reward scorer over word ids: each image's references truncated to
+    `max_length` words with rare words as `<unk>` and `<eos>` after those that fit (its label arrays), and
+    document frequencies over the whole references with `<eos>` (prepro_ngrams.py's corpus)."""
+    truncated: dict[int, list[str]] = {}
+    whole: dict[int, list[str]] = {}
+    for e in examples:
+        if not e.label:
+            continue
+        truncated[e.image_id] = [
+            ids_text(until_eos(vocab.encode(c, max_length)[1:], vocab.eos_id)[:max_length]) for c in e.label
+        ]
+        whole[e.image_id] = [ids_text(vocab.encode(c, len(c))[1:]) for c in e.label]
+    return CiderD(truncated, document_frequencies=whole)
+
+
+def _caption_scores(predictions: dict, examples: Sequence[CaptionExample], java: bool) -> CaptionScores:
+    """The COCO caption metrics of validation (`java=False`: Python metrics on the tokenised references)
+    and of `xmodal evaluate` / `score` (raw references through pycocoevalcap's tokenizer)."""
+    labelled = {e.image_id: e for e in examples if e.label}
+    if java:
+        refs = {k: list(e.raw) or [" ".join(c) for c in e.label] for k, e in labelled.items()}
+    else:
+        refs = references(labelled.values())
+    return evaluate_captions(refs, {k: predictions[k] for k in labelled}, pretokenized=not java, java=java)
+
+
+SCST_REWARDS = ("cider-d", "self-critical")
+
+# Named settings (`xmodal finetune caption --recipe NAME`): (task fields, train fields) over the defaults.
+RECIPES: dict[str, tuple[dict, dict]] = {
+    # xmodal's defaults, chosen for small data: one reference per image and batches of 32 images, the
+    # global gradient norm clipped at 0.1, linear decay, no scheduled sampling, <unk> kept out of decoding
+    "xmodal": ({}, {}),
+    # self-critical.pytorch's Up-Down cross-entropy recipe (opts.py defaults and configs/updown): raw
+    # features, 10 images x 5 references per batch, Adam lr 5e-4 x0.8 every 3 epochs, every gradient value
+    # clipped at 0.1, scheduled sampling +0.05 every 5 epochs up to 0.25, 30 epochs; its beam search
+    # subtracts 1000 from <unk>'s log-prob
+    "self-critical-updown": (
+        {
+            "model": {"normalize_features": False},
+            "captions_per_image": 5,
+            "scheduled_sampling_start": 0,
+            "scheduled_sampling_every": 5,
+            "scheduled_sampling_increase": 0.05,
+            "scheduled_sampling_max": 0.25,
+            "unk_penalty": 1000.0,
+        },
+        {
+            "batch_size": 10,
+            "lr": 5e-4,
+            "schedule": "epochs",
+            "lr_decay_epochs": 3,
+            "lr_gamma": 0.8,
+            "clip_norm": None,
+            "clip_value": 0.1,
+        },
+    ),
+    # its SCST phase, from the cross-entropy run (--init): lr 5e-5 without decay, 5 samples per image
+    # against the greedy caption (with <unk> allowed), self-critical.pytorch's reward on word ids
+    "self-critical-updown-scst": (
+        {
+            "model": {"normalize_features": False},
+            "scst_from_epoch": 0,
+            "scst_samples": 5,
+            "scst_reward": "self-critical",
+            "scst_suppress_unk": False,
+            "unk_penalty": 1000.0,
+        },
+        {
+            "batch_size": 10,
+            "lr": 5e-5,
+            "schedule": "epochs",
+            "lr_gamma": 1.0,
+            "clip_norm": None,
+            "clip_value": 0.1,
+        },
+    ),
+}
 
 
 class CaptionTask(FinetuneTask):
@@ -47,6 +149,7 @@ class CaptionTask(FinetuneTask):
     lr = 5e-4  # self-critical.pytorch's cross-entropy rate; SCST runs take 5e-5 (README)
     example_noun = "images"
     primary_metric = "CIDEr"
+    recipes = tuple(RECIPES)
 
     def __init__(self, cfg: FinetuneConfig, answers: Vocabulary | None = None) -> None:
         if cfg.task != self.name:
@@ -82,9 +185,18 @@ class CaptionTask(FinetuneTask):
                 f"the vocabulary has {len(self.vocab)} words but the model {self.model_config.vocab_size}; "
                 "pass the vocab.json the model was trained with (--vocab)"
             )
-        # SCST rewards: CIDEr-D with document frequencies from the training references.
-        self.cider = CiderD(references(self.train_examples))
+        if cfg.scst_reward not in SCST_REWARDS:
+            raise ValueError(f"task.scst_reward {cfg.scst_reward!r}: choose one of {', '.join(SCST_REWARDS)}")
+        if cfg.captions_per_image < 1 or cfg.scst_samples < 1:
+            raise ValueError("task.captions_per_image and task.scst_samples must be at least 1")
+        # SCST rewards: CIDEr-D with document frequencies from the training references (on words, or on
+        # word ids as self-critical.pytorch scores them).
+        if cfg.scst_reward == "self-critical":
+            self.cider = self_critical_cider(self.train_examples, self.vocab, cfg.max_length)
+        else:
+            self.cider = CiderD(references(self.train_examples))
         self.self_critical = False
+        self.sampling_prob = 0.0
 
     # ---- setup
     def _load_split(self, files: Sequence[str], split: str, what: str) -> list[CaptionExample]:
@@ -121,11 +233,20 @@ class CaptionTask(FinetuneTask):
 
     @classmethod
     def default_train_config(cls) -> TrainConfig:
-        """As self-critical.pytorch's Up-Down recipe: lr 5e-4, no weight decay, gradient clip 0.1, 30 epochs
-        (its step decay is the engine's linear decay here)."""
+        """The `xmodal` recipe: Adam lr 5e-4 without weight decay or warm-up, 30 epochs, as
+        self-critical.pytorch; for small data, batches of 32 images, the global gradient norm clipped at 0.1
+        and linear decay (`--recipe self-critical-updown` is that repository's recipe exactly)."""
         return TrainConfig(
             lr=cls.lr, batch_size=32, epochs=30, warmup_ratio=0.0, clip_norm=0.1, weight_decay=0.0
         )
+
+    @classmethod
+    def recipe(cls, name: str) -> tuple[FinetuneConfig, TrainConfig]:
+        """The task and train settings of recipe `name` (RECIPES) over the defaults."""
+        if name not in RECIPES:
+            raise ValueError(f"recipe {name!r}: choose one of {', '.join(RECIPES)}")
+        task, train = RECIPES[name]
+        return replace(cls.default_config(), **task), replace(cls.default_train_config(), **train)
 
     @classmethod
     def default_config(cls) -> FinetuneConfig:
@@ -152,7 +273,7 @@ class CaptionTask(FinetuneTask):
         return collate_captions(items, None, pad_id)
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
-        return collate_captions(items, rng, self.vocab.pad_id)
+        return collate_captions(items, rng, self.vocab.pad_id, self.config.captions_per_image)
 
     # ---- training
     def set_epoch(self, epoch: int) -> None:
@@ -161,48 +282,74 @@ class CaptionTask(FinetuneTask):
         if switched and not self.self_critical:
             log.info("epoch %d: self-critical training (CIDEr-D reward, greedy baseline) from here on", epoch)
         self.self_critical = switched
+        self.sampling_prob = scheduled_sampling_prob(self.config, epoch)
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         if not self.self_critical:
-            out = model(**{k: batch[k] for k in CAPTION_INPUTS}, labels=batch["labels"])
-            return out.loss, {}
+            inputs = {k: batch[k] for k in CAPTION_INPUTS}
+            rows = batch.get("caption_rows")
+            if rows is not None:  # several references per image: each caption row reads its image
+                for k in ("visual_feats", "visual_pos", "visual_attention_mask"):
+                    inputs[k] = inputs[k].index_select(0, rows)
+            out = model(**inputs, labels=batch["labels"], scheduled_sampling=self.sampling_prob)
+            return out.loss, {"ss_prob": self.sampling_prob} if self.sampling_prob else {}
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ValueError("self-critical training runs in one process: set train.workers=0")
-        ids = batch["ids"]
-
-        def reward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            captions = [self.vocab.decode(t) for t in tokens.tolist()]
-            scores = self.cider.scores((ids[r], c) for r, c in zip(rows.tolist(), captions, strict=True))
-            return torch.from_numpy(scores)
-
         out = self_critical_loss(
             model,
             batch["visual_feats"],
             batch["visual_attention_mask"],
-            reward,
+            self.reward(batch["ids"]),
             samples_per_image=self.config.scst_samples,
+            suppress_unk=self.config.scst_suppress_unk,
         )
         return out.loss, {
             "reward": float(out.sample_reward.mean()),
             "greedy_reward": float(out.greedy_reward.mean()),
         }
 
+    def reward(self, ids: Sequence) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """SCST's reward of decoded rows (R, L) of the batch's images `ids` (the row's image in `rows`)."""
+
+        def reward(tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            if self.config.scst_reward == "self-critical":
+                captions = [ids_text(until_eos(t, self.vocab.eos_id)) for t in tokens.tolist()]
+            else:
+                captions = [self.vocab.decode(t) for t in tokens.tolist()]
+            scores = self.cider.scores((ids[r], c) for r, c in zip(rows.tolist(), captions, strict=True))
+            return torch.from_numpy(scores)
+
+        return reward
+
     def evaluate(self, model: torch.nn.Module, loader: Iterable[dict]) -> dict[str, float]:
-        predictions, _ = self.predict(model, loader, self.vocab, self.config.beam_size)
+        predictions, _ = self.predict(
+            model, loader, self.vocab, self.config.beam_size, unk_penalty=self.config.unk_penalty
+        )
         return self.score(predictions, self.valid_examples, java=False)
 
     # ---- predictions and scores
     @classmethod
     @torch.no_grad()
     def predict(
-        cls, model: torch.nn.Module, batches: Iterable[dict], answers: Vocabulary, beam_size: int = 3
+        cls,
+        model: torch.nn.Module,
+        batches: Iterable[dict],
+        answers: Vocabulary,
+        beam_size: int = 3,
+        unk_penalty: float | None = None,
     ) -> tuple[dict, float | None]:
         """The best beam's caption by image id (no loss: captions are generated, not teacher-forced)."""
         was_training = model.training
         model.eval()
         predictions: dict = {}
         for batch in batches:
-            beams = beam_search(model, batch["visual_feats"], batch["visual_attention_mask"], beam_size)
+            beams = beam_search(
+                model,
+                batch["visual_feats"],
+                batch["visual_attention_mask"],
+                beam_size,
+                unk_penalty=unk_penalty,
+            )
             predictions.update(
                 zip(batch["ids"], (answers.decode(t) for t in beams.best.tolist()), strict=True)
             )
@@ -212,14 +359,7 @@ class CaptionTask(FinetuneTask):
     @staticmethod
     def score(predictions: dict, examples: Sequence[CaptionExample], java: bool = True) -> dict[str, float]:
         """COCO caption metrics ×100 (pycocoevalcap names) of the predictions against raw references."""
-        labelled = {e.image_id: e for e in examples if e.label}
-        if java:
-            refs = {k: list(e.raw) or [" ".join(c) for c in e.label] for k, e in labelled.items()}
-        else:
-            refs = references(labelled.values())
-        scores = evaluate_captions(
-            refs, {k: predictions[k] for k in labelled}, pretokenized=not java, java=java
-        )
+        scores = _caption_scores(predictions, examples, java)
         for name, reason in scores.skipped.items() if java else ():  # validation skips Java on purpose
             log.warning("%s skipped: %s", name, reason)
         return {name: 100.0 * value for name, value in scores.metrics.items()}
@@ -227,6 +367,35 @@ class CaptionTask(FinetuneTask):
     @staticmethod
     def describe(example: CaptionExample) -> dict:
         return {"image_id": example.image_id, "image": example.img_id, "references": list(example.raw)}
+
+    @staticmethod
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
+        """COCO caption metrics of a COCO results file against references (`FILE[:SPLIT]`: a COCO
+        captions_*.json or Karpathy's split file), through the same code as `xmodal evaluate caption`. As
+        the COCO evaluation, the predicted images are scored; each must have references."""
+        if questions is not None:
+            raise ScoringInputError(
+                f"{questions}: captioning has no questions file; the references are the gold"
+            )
+        results = read_caption_results(predictions)
+        examples = {e.image_id: e for e in load_caption_examples(gold) if e.label}
+        unknown = [i for i in results if i not in examples]
+        if unknown:
+            raise ScoringInputError(
+                f"{len(unknown)} captioned images have no references in {gold} (e.g. {unknown[0]}): "
+                "score against the references of the split that was captioned"
+            )
+        scores = _caption_scores(results, [examples[i] for i in results], java=True)
+        return {
+            **{name: 100.0 * value for name, value in scores.metrics.items()},
+            "images": len(results),
+            "skipped": scores.skipped,
+        }
 
     @staticmethod
     def write_predictions(path: str | Path, predictions: dict) -> Path:
@@ -248,6 +417,7 @@ class CaptionTask(FinetuneTask):
             "arch": self.config.arch,
             "max_length": self.config.max_length,
             "beam_size": self.config.beam_size,
+            "unk_penalty": self.config.unk_penalty,
             "vocab": VOCAB_FILE,
             "init": self.config.init,
             "features": list(self.config.features),

@@ -81,7 +81,22 @@ class FinetuneConfig:
     vocab_min_count: int = 5  # words seen fewer times in the training captions become <unk>
     scst_from_epoch: int | None = None  # self-critical training from this epoch on; None = cross-entropy only
     scst_samples: int = 1  # sampled captions per image in self-critical training
+    # the SCST reward: cider-d = CIDEr-D of the words against the references, document frequencies of the
+    # training references; self-critical = self-critical.pytorch's: token ids up to and with <eos>, against
+    # references truncated to max_length with rare words as <unk>, document frequencies counting <eos>
+    scst_reward: str = "cider-d"
+    scst_suppress_unk: bool = True  # keep <unk> out of SCST's greedy baseline (self-critical.pytorch: no)
+    captions_per_image: int = 1  # cross-entropy rows per image in a batch (self-critical.pytorch: 5)
+    # scheduled sampling: from epoch `scheduled_sampling_start` (None: never), the probability of feeding
+    # the model's own word rises by `scheduled_sampling_increase` every `scheduled_sampling_every` epochs
+    # up to `scheduled_sampling_max`
+    scheduled_sampling_start: int | None = None
+    scheduled_sampling_every: int = 5
+    scheduled_sampling_increase: float = 0.05
+    scheduled_sampling_max: float = 0.25
     beam_size: int = 3  # beam search width for validation captions
+    # None bans <unk> from beams; a number is subtracted from its log-prob (self-critical.pytorch: 1000)
+    unk_penalty: float | None = None
 
 
 @dataclass
@@ -103,6 +118,8 @@ class FinetuneTask:
     lr: ClassVar[float]  # the release: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
     example_noun: ClassVar[str] = "examples"
     primary_metric = "accuracy"
+    evaluators: ClassVar[tuple[str, ...]] = ()  # versions of the official script `score_files` offers
+    recipes: ClassVar[tuple[str, ...]] = ()  # named settings `recipe(name)` offers (`--recipe`)
 
     def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
         if cfg.task != self.name:
@@ -170,9 +187,15 @@ class FinetuneTask:
         raise NotImplementedError
 
     @staticmethod
-    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
         """The official scores (pipelines.scoring) of a prediction file in the task's official format
-        against a gold file; `questions`: a questions file checked against the gold (VQA)."""
+        against a gold file; `questions`: a questions file checked against the gold (VQA); `evaluator`: one
+        of the task's `evaluators` (the versions of its official script), None = its default."""
         raise NotImplementedError
 
     @staticmethod

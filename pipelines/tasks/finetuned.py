@@ -14,7 +14,7 @@ from pipelines.data.answers import AnswerTable
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.jobs.ray_runtime import ray_for_workers
-from pipelines.tasks import get_finetune_task
+from pipelines.tasks import finetuning_tasks, get_finetune_task
 from pipelines.tasks.finetune import DEFAULT_ARCH, RUN_FILE, FinetuneConfig, FinetuneRun, FinetuneTask
 
 
@@ -23,10 +23,18 @@ def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> Finet
     return get_finetune_task(cfg.task)(cfg, answers=answers)
 
 
-def default_run(task: str) -> FinetuneRun:
-    """A `task` run with the release's schedule."""
+def default_run(task: str, recipe: str | None = None) -> FinetuneRun:
+    """A `task` run with the release's schedule, or with the task's named `recipe`."""
     kind = get_finetune_task(task)
-    return FinetuneRun(task=kind.default_config(), train=kind.default_train_config())
+    if recipe is None:
+        return FinetuneRun(task=kind.default_config(), train=kind.default_train_config())
+    if not kind.recipes:
+        with_recipes = [t for t in finetuning_tasks() if get_finetune_task(t).recipes]
+        raise ValueError(
+            f"--recipe applies to tasks with named recipes ({', '.join(with_recipes)}), not {task}"
+        )
+    task_cfg, train_cfg = kind.recipe(recipe)
+    return FinetuneRun(task=task_cfg, train=train_cfg)
 
 
 def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dict:

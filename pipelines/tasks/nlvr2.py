@@ -29,7 +29,12 @@ class NLVR2Task(FinetuneTask):
     write_predictions = staticmethod(write_nlvr2_predictions)
 
     @staticmethod
-    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
         if questions is not None:
             raise ScoringInputError(f"{questions}: NLVR2 has no questions file; the statements are the gold")
         return score_nlvr2_files(predictions, gold)

@@ -14,7 +14,7 @@ from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.qa import QADataset, collate_qa, load_qa_examples
 from pipelines.scoring.gqa import score_gqa_files
 from pipelines.scoring.inputs import ScoringInputError
-from pipelines.scoring.vqa import score_vqa_files
+from pipelines.scoring.vqa import DEFAULT_EVALUATOR, EVALUATORS, score_vqa_files
 from pipelines.tasks.finetune import FinetuneTask
 from pipelines.tasks.metrics import gqa_accuracy, vqa_accuracy
 from pipelines.tasks.predictions import write_gqa_predictions, write_vqa_predictions
@@ -123,9 +123,18 @@ class VQATask(QATask):
 
     name = "vqa"
     lr = 5e-5
+    evaluators = EVALUATORS
     score = staticmethod(vqa_accuracy)
-    score_files = staticmethod(score_vqa_files)
     write_predictions = staticmethod(write_vqa_predictions)
+
+    @staticmethod
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
+        return score_vqa_files(predictions, gold, questions, evaluator or DEFAULT_EVALUATOR)
 
 
 class GQATask(QATask):
@@ -137,7 +146,12 @@ class GQATask(QATask):
     write_predictions = staticmethod(write_gqa_predictions)
 
     @staticmethod
-    def score_files(predictions: str | Path, gold: str | Path, questions: str | Path | None = None) -> dict:
+    def score_files(
+        predictions: str | Path,
+        gold: str | Path,
+        questions: str | Path | None = None,
+        evaluator: str | None = None,
+    ) -> dict:
         if questions is not None:
             raise ScoringInputError(
                 f"{questions}: GQA's questions file is its gold (the answers are in it): give it as --gold"

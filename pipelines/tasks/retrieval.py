@@ -21,9 +21,9 @@ from pipelines.data.retrieval import (
     pair_key,
     split_pair_key,
 )
+from pipelines.scoring.inputs import ScoringInputError
+from pipelines.scoring.retrieval import RECALL_AT, ranks_of_rankings, read_rankings, recall_from_ranks
 from pipelines.tasks.finetune import FinetuneTask
-
-RECALL_AT = (1, 5, 10)
 
 
 def recall_at_k(
@@ -34,7 +34,7 @@ def recall_at_k(
     if not examples:
         raise ValueError("no captions to score")
     gallery = list(dict.fromkeys(e.img_id for e in examples))
-    hits = dict.fromkeys(ks, 0)
+    ranks: dict[str, int | None] = {}
     for ex in examples:
         if ex.label is None:
             raise ValueError(f"caption {ex.caption_id!r} has no label; cannot score")
@@ -47,10 +47,30 @@ def recall_at_k(
                 )
             scores.append(predictions[key])
         own = predictions[pair_key(ex.caption_id, ex.label)]
-        rank = sum(s >= own for s in scores)  # 1 when no other image scores as high
-        for k in ks:
-            hits[k] += rank <= k
-    return {f"R@{k}": 100.0 * hits[k] / len(examples) for k in ks}
+        ranks[ex.caption_id] = sum(s >= own for s in scores)  # 1 when no other image scores as high
+    return recall_from_ranks(ranks, ks)
+
+
+def score_rankings_files(
+    predictions: str | Path,
+    gold: str | Path,
+    questions: str | Path | None = None,
+    evaluator: str | None = None,
+) -> dict[str, float]:
+    """R@1/5/10 of a rankings file (`write_rankings`) against the split's captions (any file
+    `load_retrieval_examples` reads), through the same recall as validation."""
+    if questions is not None:
+        raise ScoringInputError(f"{questions}: retrieval has no questions file; the captions are the gold")
+    examples = load_retrieval_examples(gold)
+    if not examples:
+        raise ScoringInputError(f"{gold}: no captions to score against")
+    unlabelled = [e.caption_id for e in examples if e.label is None]
+    if unlabelled:
+        raise ScoringInputError(f"{gold}: caption {unlabelled[0]!r} has no image; cannot score")
+    gallery = len({e.img_id for e in examples})
+    own = {e.caption_id: e.label for e in examples}
+    ranks = ranks_of_rankings(read_rankings(predictions), own, gallery, RECALL_AT, str(gold))
+    return {**recall_from_ranks(ranks), "captions": len(ranks), "images": gallery}
 
 
 def write_rankings(path: str | Path, predictions: Mapping[str, float], top: int = max(RECALL_AT)) -> Path:
@@ -83,6 +103,7 @@ class RetrievalTask(FinetuneTask):
     load_examples = staticmethod(load_retrieval_examples)
     collate_items = staticmethod(collate_pairs)
     score = staticmethod(recall_at_k)
+    score_files = staticmethod(score_rankings_files)
     write_predictions = staticmethod(write_rankings)
 
     @staticmethod

@@ -152,3 +152,40 @@ def test_live_captions_never_continue_with_pad_bos_or_unless_allowed_unk(decode)
     assert not set(suppressed.tolist()) & {0, 1, 3} and suppressed.numel() > 0
     assert not set(allowed.tolist()) & {0, 1}
     assert (allowed == 3).float().mean() > 0.9  # with `<unk>` allowed the biased model writes little else
+
+
+def test_unk_penalty_is_subtracted_from_unk_in_beam_scores_not_a_ban():
+    """self-critical.pytorch's beam search: `<unk>` stays in the softmax and costs `unk_penalty` in
+    log-prob per use. A model that strongly prefers `<unk>` still writes it under a small penalty, never
+    under 1000; each beam's score is its teacher-forced log-probability (pad and bos excluded) less the
+    penalty per `<unk>`."""
+    model = build("updown")
+    with torch.no_grad():
+        model.output.bias[3] += 20.0  # <unk>
+    data = make_caption_set(4)
+
+    def live(beams) -> torch.Tensor:
+        return torch.arange(beams.tokens.shape[-1]) < beams.lengths.unsqueeze(-1)
+
+    def expected_scores(beams, penalty: float) -> torch.Tensor:
+        words = beams.tokens.flatten(0, 1)
+        inputs = torch.cat([torch.full((words.shape[0], 1), 1), words[:, :-1]], 1)  # <bos>, then the words
+        with torch.no_grad():
+            logits = model(
+                input_ids=inputs,
+                visual_feats=data.features.repeat_interleave(3, 0),
+                visual_attention_mask=data.mask.repeat_interleave(3, 0),
+            ).logits
+        logp = torch.log_softmax(logits.index_fill(-1, torch.tensor([0, 1]), float("-inf")), dim=-1)
+        chosen = logp.gather(-1, words.unsqueeze(-1)).squeeze(-1) - penalty * (words == 3)
+        return (chosen * live(beams).flatten(0, 1)).sum(-1).view(beams.scores.shape)
+
+    small = beam_search(model, data.features, data.mask, beam_size=3, unk_penalty=2.0)
+    assert (small.tokens[live(small)] == 3).float().mean() > 0.5  # a penalty, not a ban
+    large = beam_search(model, data.features, data.mask, beam_size=3, unk_penalty=1000.0)
+    assert not (large.tokens[live(large)] == 3).any() and live(large).any()
+    for beams, penalty in ((small, 2.0), (large, 1000.0)):
+        torch.testing.assert_close(beams.scores, expected_scores(beams, penalty), rtol=1e-4, atol=1e-3)
+    # the ban (no penalty given) renormalises without <unk>: higher scores than the penalty's
+    banned = beam_search(model, data.features, data.mask, beam_size=3)
+    assert (banned.scores > large.scores).all()

@@ -10,6 +10,7 @@ import torch
 
 from model import Lxmert, LxmertForNLVR2, LxmertForPreTraining, LxmertForQuestionAnswering
 from model.lxmert.convert import convert_lxmert, from_hf_state, to_hf_state
+from model.row_order import MATCHED_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,12 @@ def test_huggingface_directory_in_and_out(lx, cfg, tmp_path):
         assert torch.equal(again.state_dict()[k], v), k
     inputs = lx.make_inputs(cfg)
     with torch.no_grad():
-        lx.close_where_real(ours(**inputs).lm_logits, hf(**inputs).prediction_logits, lx.real(inputs)[0])
+        out, ref = ours(**inputs), hf(**inputs)
+    lx.close_where_real(out.lm_logits, ref.prediction_logits, lx.real(inputs)[0])
+    # LXMERT's release and transformers' matched_label both say 1 = matched, as xmodal does: no swap
+    torch.testing.assert_close(
+        out.matched_logits.softmax(-1)[:, MATCHED_INDEX], ref.cross_relationship_score.softmax(-1)[:, 1]
+    )
     assert from_hf_state(hf.state_dict(), cfg, "LxmertForPreTraining").keys() == ours.state_dict().keys()
 
 

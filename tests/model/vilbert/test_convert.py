@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from model.row_order import MATCHED_INDEX
 from model.vilbert import Vilbert, VilbertConfig, VilbertForPreTraining, VilbertForQuestionAnswering
 from model.vilbert.convert import ConversionReport, config_from_reference, convert_vilbert, load_release
 
@@ -197,7 +198,14 @@ def test_pretrained_model_bin_converts_every_name(cfg, tmp_path):
     own = model.state_dict()
     assert set(own) == set(shapes) - dropped  # our names are the release's names
     for k in own:
-        assert torch.equal(own[k], state[k]), k
+        if not k.startswith(("cls.bi_seq_relationship.", "cls.imagePredictions.decoder.")):
+            assert torch.equal(own[k], state[k]), k
+    for p in ("weight", "bias"):
+        # the release's "matched" row 0 is our row 1; its background row 0 is our last row
+        match, region = f"cls.bi_seq_relationship.{p}", f"cls.imagePredictions.decoder.{p}"
+        assert torch.equal(own[match][1], state[match][0]) and torch.equal(own[match][0], state[match][1])
+        assert torch.equal(own[region][-1], state[region][0])
+        assert torch.equal(own[region][:-1], state[region][1:])
 
 
 def _small_json(cfg: VilbertConfig, tmp_path) -> str:
@@ -299,7 +307,8 @@ def test_volta_sublayers_map_onto_layers_and_co_attention(vb, tmp_path):
     for ours, theirs in pairs.items():
         assert torch.equal(own[e + ours], state[e + theirs]), ours
     decoder = "cls.imagePredictions.decoder"
-    assert torch.equal(own[f"{decoder}.weight"], state[f"{decoder}_dict.0.weight"])
+    release = state[f"{decoder}_dict.0.weight"]  # background first, as the store's is last
+    assert torch.equal(own[f"{decoder}.weight"], torch.cat([release[1:], release[:1]]))
 
 
 def test_released_configs_give_the_base_preset():
@@ -365,3 +374,57 @@ def test_unreadable_files_fail_in_one_line(tmp_path):
         convert_vilbert(tmp_path / "other.bin", tmp_path / "out")
     with pytest.raises(FileNotFoundError):
         convert_vilbert(tmp_path / "missing.bin", tmp_path / "out")
+
+
+def _release_model(cfg: VilbertConfig, state: dict[str, torch.Tensor]) -> VilbertForPreTraining:
+    """The release's network: our modules with the file's rows as they are (its forward equals ours, so
+    this scores as the release does, with "matched" at row 0 and the background class first)."""
+    model = VilbertForPreTraining(cfg)
+    own = model.state_dict()
+    model.load_state_dict({k: v for k, v in state.items() if k in own and v.shape == own[k].shape})
+    return model.eval()
+
+
+@pytest.mark.parametrize("layout", ["vilbert-multi-task", "volta"])
+def test_converted_release_keeps_the_meaning_of_matching_and_region_classes(vb, tmp_path, layout):
+    if layout == "volta":
+        cfg = vb.small_config(bi_hidden_size=16, v_target_size=1601)
+        vc = volta_config(cfg)
+        config = tmp_path / "vilbert_base.json"
+        config.write_text(json.dumps(vc))
+        state = write(tmp_path / "release.bin", volta_keys(cfg, vc))
+    else:
+        cfg = vb.small_config()
+        config = _small_json(cfg, tmp_path)
+        state = write(tmp_path / "release.bin", release_keys(cfg, multi_task=False))
+    model, report = load_release(tmp_path / "release.bin", preset="tiny", config_file=config)
+    assert report.ok, report.summary()
+    model.eval()
+    # the release's head, named as ours, on the same backbone
+    ours = model.state_dict()
+    release_state = dict(ours)
+    for p in ("weight", "bias"):
+        decoder = "decoder_dict.0" if layout == "volta" else "decoder"
+        release_state[f"cls.bi_seq_relationship.{p}"] = state[f"cls.bi_seq_relationship.{p}"]
+        release_state[f"cls.imagePredictions.decoder.{p}"] = state[f"cls.imagePredictions.{decoder}.{p}"]
+    release = _release_model(cfg, release_state)
+    inputs = vb.make_inputs(cfg, batch=4, seed=5)
+    with torch.no_grad():
+        theirs, out = release(**inputs), model(**inputs)
+    p_release = theirs.matched_logits.softmax(-1)[:, 0]  # concept_cap_dataset.py: is_next 0 = matched
+    p_ours = out.matched_logits.softmax(-1)[:, MATCHED_INDEX]
+    torch.testing.assert_close(p_ours, p_release)
+    assert torch.equal(p_ours.argsort(), p_release.argsort())  # retrieval ranks the pairs alike
+    # a store distribution (background last) and the release's target for it (background first)
+    g = torch.Generator().manual_seed(1)
+    store = torch.rand(4, inputs["visual_feats"].shape[1], cfg.v_target_size, generator=g).softmax(-1)
+    release_target = torch.cat([store[..., -1:], store[..., :-1]], dim=-1)
+    region_mask = torch.ones(store.shape[:2], dtype=torch.long)
+    with torch.no_grad():
+        ours_loss = model(**inputs, region_mask=region_mask, region_probs=store).losses["region"]
+        their_loss = release(**inputs, region_mask=region_mask, region_probs=release_target).losses["region"]
+    torch.testing.assert_close(ours_loss, their_loss)
+    # the class each head names: the release's argmax r is the store's class (r - 1) mod C
+    picked = inputs["visual_attention_mask"].bool()
+    their_class = (theirs.region_logits[picked].argmax(-1) - 1) % cfg.v_target_size
+    assert torch.equal(out.region_logits[picked].argmax(-1), their_class)

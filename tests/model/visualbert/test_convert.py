@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from model.row_order import MATCHED_INDEX
 from model.visualbert import VisualBert, VisualBertForPreTraining, VisualBertForQuestionAnswering
 from model.visualbert.convert import read_hf_dir
 
@@ -29,7 +30,14 @@ def test_pretraining_directory_bin_with_tied_decoder(tmp_path, vb):
     with torch.no_grad():
         ref = hf(**vb.hf_inputs(inputs))
         out = model.eval()(**inputs)
-    torch.testing.assert_close(out.matched_logits, ref.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+    # transformers' sentence_image_labels: 0 = the text matches the image; xmodal's matched index is 1
+    torch.testing.assert_close(
+        out.matched_logits.softmax(-1)[:, MATCHED_INDEX],
+        ref.seq_relationship_logits.softmax(-1)[:, 0],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    torch.testing.assert_close(out.matched_logits, ref.seq_relationship_logits.flip(-1), atol=1e-5, rtol=1e-5)
 
 
 def test_question_answering_safetensors_directory(tmp_path, vb):
@@ -131,6 +139,8 @@ def test_export_is_a_directory_transformers_loads_whole(tmp_path, vb, ours, thei
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     theirs_state = hf.state_dict()
     for name, value in model.state_dict().items():
+        if name.startswith("cls.seq_relationship."):  # "matched": our row 1, transformers' row 0
+            value = value.flip(0)
         torch.testing.assert_close(theirs_state[name], value, rtol=0, atol=0)
     if ours == "VisualBertForNLVR2":
         return  # its two images travel as one sequence in a layout transformers' class is not given here
@@ -140,7 +150,12 @@ def test_export_is_a_directory_transformers_loads_whole(tmp_path, vb, ours, thei
     if ours == "VisualBertForQuestionAnswering":
         torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=1e-5)
     elif ours == "VisualBertForPreTraining":
-        torch.testing.assert_close(out.matched_logits, ref.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out.matched_logits.softmax(-1)[:, MATCHED_INDEX],
+            ref.seq_relationship_logits.softmax(-1)[:, 0],
+            atol=1e-5,
+            rtol=1e-5,
+        )
         text = out.lm_logits.shape[1]  # transformers predicts words at the region positions too
         torch.testing.assert_close(out.lm_logits, ref.prediction_logits[:, :text], atol=1e-4, rtol=1e-5)
     else:

@@ -50,7 +50,7 @@ def test_nlvr2_reads_both_images(vb):
     assert out.logits.shape == (2, 2) and out.loss.ndim == 0
     swapped = {**pair, "visual_feats": pair["visual_feats"].flip(1)}
     with torch.no_grad():
-        # Image order matters (each image has its own visual position), as "left"/"right" statements need.
+        # Image order matters (each image has its own visual token type), as "left"/"right" statements need.
         assert not torch.allclose(model(**pair).logits, model(**swapped).logits)
     pair["visual_attention_mask"][1, 0, -1] = 0
     with torch.no_grad():
@@ -58,6 +58,44 @@ def test_nlvr2_reads_both_images(vb):
     assert attention.shape == (2, 2, 5) and attention[1, 0, -1] == 0 and (attention >= 0).all()
     with pytest.raises(ValueError, match=r"\(B, 2, N, D\)"):
         model(**inputs)
+
+
+def test_nlvr2_layout_is_the_release_s(vb):
+    """uclanlp/visualbert's NLVR2 input: both images' regions after the text, image 0's of visual token
+    type 0 and image 1's of type 1, all at visual position 0; transformers' class fed that layout is the
+    reference."""
+    cfg = vb.small_config()
+    torch.manual_seed(0)
+    hf = transformers.VisualBertForVisualReasoning(vb.hf_config(cfg)).eval()
+    vb.perturb(hf)
+    with torch.no_grad():  # visual types and positions far apart, so a wrong one shows
+        hf.visual_bert.embeddings.visual_token_type_embeddings.weight.normal_(0, 1)
+        hf.visual_bert.embeddings.visual_position_embeddings.weight.normal_(0, 1)
+    ours = VisualBertForNLVR2(cfg).eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    inputs = vb.make_inputs(cfg, batch=2)
+    feats = torch.randn(2, 2, 5, cfg.visual_feat_dim)
+    mask = torch.ones(2, 2, 5, dtype=torch.long)
+    mask[1, 1, -2:] = 0
+    pair = {
+        **inputs,
+        "visual_feats": feats,
+        "visual_pos": torch.rand(2, 2, 5, 4),
+        "visual_attention_mask": mask,
+    }
+    hf_inputs = {
+        "input_ids": inputs["input_ids"],
+        "attention_mask": inputs["attention_mask"],
+        "token_type_ids": inputs["token_type_ids"],
+        "visual_embeds": feats.flatten(1, 2),
+        "visual_attention_mask": mask.flatten(1, 2),
+        "visual_token_type_ids": torch.tensor([[0] * 5 + [1] * 5] * 2),
+    }
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**pair).logits, hf(**hf_inputs).logits, atol=1e-5, rtol=1e-5)
+        # another layout (type 1 for both images) reads differently
+        other = hf(**hf_inputs | {"visual_token_type_ids": torch.ones(2, 10, dtype=torch.long)}).logits
+        assert not torch.allclose(ours(**pair).logits, other, atol=1e-5, rtol=1e-5)
 
 
 def test_tiny_model_learns_answers_from_the_regions(vb):

@@ -128,10 +128,11 @@ def test_release_checkpoint_loads_with_exact_coverage(tmp_path, kind, cls):
     if kind == "vqa":
         assert model.num_answers == 5
         assert torch.equal(ours["final_mlp.2.weight"], state["module.final_mlp.2.weight"])
-    if kind == "pretrain":
-        assert torch.equal(
-            ours["mvrc_head.region_cls_pred.weight"], state["module.vlbert.mvrc_head.region_cls_pred.weight"]
-        )
+    if kind == "pretrain":  # the release's background row 0 is the store's last class
+        for p in ("weight", "bias"):
+            release = state[f"module.vlbert.mvrc_head.region_cls_pred.{p}"]
+            assert torch.equal(ours[f"mvrc_head.region_cls_pred.{p}"][-1], release[0])
+            assert torch.equal(ours[f"mvrc_head.region_cls_pred.{p}"][:-1], release[1:])
 
 
 def test_not_a_vlbert_file_is_named(tmp_path):
@@ -166,3 +167,30 @@ def test_convert_writes_a_directory_every_role_loads(tmp_path):
     assert qa.num_answers == 7 and torch.equal(qa.final_mlp[2].bias, state["module.final_mlp.2.bias"])
     pair = VlBertForNLVR2.from_pretrained(directory)  # backbone reused, pair head fresh
     assert torch.equal(pair.vlbert.end_embedding.weight, state["module.vlbert.end_embedding.weight"])
+
+
+def test_converted_region_head_names_the_store_class(tmp_path, vl):
+    """The release's region classes are background-first, the store's background-last: the converted
+    head scores a store distribution as the release's head scores the same distribution in its order."""
+    cfg = VlBertConfig.preset("tiny", **CFG)
+    state = write_release(tmp_path / "vl-bert.model", release_layout(cfg, "pretrain"))
+    model, _ = read_release_file(tmp_path / "vl-bert.model", num_attention_heads=2)
+    model.eval()
+    vl.wake(model)
+    release = VlBertForPreTraining(model.config).eval()
+    as_released = model.state_dict()
+    for p in ("weight", "bias"):
+        as_released[f"mvrc_head.region_cls_pred.{p}"] = state[f"module.vlbert.mvrc_head.region_cls_pred.{p}"]
+    release.load_state_dict(as_released)
+    inputs = vl.make_inputs(model.config, seed=4)
+    g = torch.Generator().manual_seed(1)
+    classes = cfg.num_region_classes
+    store = torch.rand(*inputs["visual_feats"].shape[:2], classes, generator=g).softmax(-1)  # background last
+    released = torch.cat([store[..., -1:], store[..., :-1]], dim=-1)  # the same, background first
+    mask = torch.zeros(store.shape[:2], dtype=torch.long)
+    mask[:, 1] = 1
+    with torch.no_grad():
+        ours = model(**inputs, region_mask=mask, region_probs=store)
+        theirs = release(**inputs, region_mask=mask, region_probs=released)
+    torch.testing.assert_close(ours.losses["mvrc"], theirs.losses["mvrc"])
+    assert torch.equal(ours.region_logits.argmax(-1), (theirs.region_logits.argmax(-1) - 1) % classes)

@@ -97,18 +97,22 @@ def test_schedule_warms_up_then_decays_to_zero(tmp_path):
     np.testing.assert_allclose(lrs, expected, rtol=1e-6, atol=1e-12)
 
 
-def _old_linear(step: int, warmup: int, total: int) -> float:
-    """The linear schedule as it was before warmup_factor and warmup_iters existed."""
-    if step < warmup:
-        return step / max(1, warmup)
-    return max(0.0, (total - step) / max(1, total - warmup))
+def _release_warmup_linear(step: int, warmup: float, total: int) -> float:
+    """pytorch-pretrained-bert's warmup_linear as LXMERT's BertAdam calls it: x = step / t_total."""
+    x = step / total
+    if x < warmup:
+        return x / warmup
+    return max((x - 1.0) / (warmup - 1.0), 0.0)
 
 
-@pytest.mark.parametrize(("ratio", "total"), [(0.05, 1000), (0.1, 48), (0.2, 40), (0.0, 16), (0.3, 7)])
-def test_linear_schedule_at_its_defaults_is_bit_for_bit_the_old_one(ratio, total):
+@pytest.mark.parametrize(
+    ("ratio", "total"), [(0.05, 1000), (0.1, 48), (0.2, 40), (0.0, 16), (0.3, 7), (0.1, 25)]
+)
+def test_linear_schedule_is_the_release_warmup_linear(ratio, total):
+    """The warm-up lasts warmup_ratio x total steps, a fraction (0.3 x 7 = 2.1, not 2) as in the release."""
     factor = trainer._schedule(TrainConfig(warmup_ratio=ratio), total)
-    warmup = int(ratio * total)
-    assert [factor(s) for s in range(total + 1)] == [_old_linear(s, warmup, total) for s in range(total + 1)]
+    expected = [_release_warmup_linear(s, ratio, total) for s in range(total + 1)]
+    assert [factor(s) for s in range(total + 1)] == pytest.approx(expected, rel=1e-12, abs=1e-12)
 
 
 def test_linear_schedule_warms_up_from_warmup_factor():
@@ -242,10 +246,10 @@ def test_a_run_resumed_with_more_steps_decays_over_the_new_total(tmp_path):
     fit(ToyTask(), _cfg(max_steps=8, log_every=1, save_every=8), tmp_path)
     fit(ToyTask(), _cfg(max_steps=16, log_every=1), tmp_path, resume=True)
     rates = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r}
-    assert rates[8] == pytest.approx(0.02 * (8 - 7) / (8 - 0))  # warm-up int(0.1 * 8) = 0 steps
-    # the rate each step uses: linear decay from lr over the new 16 steps (warm-up int(0.1 * 16) = 1 step)
+    assert rates[8] == pytest.approx(0.02 * (8 - 7) / (8 - 0.8))  # warm-up 0.1 * 8 = 0.8 steps
+    # the rate each step uses: linear decay from lr over the new 16 steps (warm-up 0.1 * 16 = 1.6 steps)
     for step in range(9, 17):
-        assert rates[step] == pytest.approx(0.02 * (16 - (step - 1)) / (16 - 1)), step
+        assert rates[step] == pytest.approx(0.02 * (16 - (step - 1)) / (16 - 1.6)), step
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):
@@ -286,3 +290,38 @@ def test_amp_is_cuda_only():
     assert trainer._amp_dtype("bf16", torch.device("cpu")) is None
     assert trainer._amp_dtype("auto", torch.device("cpu")) is None
     assert math.isclose(trainer._linear_schedule(10, 100)(5), 0.5)
+
+
+class _ClipTask(ToyTask):
+    """One fixed example: gradients (800, 0.8) on a two-weight linear model."""
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Linear(2, 1, bias=False)
+
+    def train_dataset(self) -> Dataset:
+        return [np.array([1.0, 0.001], dtype=np.float32)] * 8
+
+    def valid_dataset(self):
+        return None
+
+    def collate(self, items: list, rng: np.random.Generator) -> dict:
+        return {"x": torch.from_numpy(np.stack(items))}
+
+    def loss(self, model, batch):
+        return 100.0 * model(batch["x"]).sum(), {}
+
+
+@pytest.mark.parametrize("mode", ["value", "norm"])
+def test_clip_value_clamps_each_gradient_element(tmp_path, mode):
+    """self-critical.pytorch's grad_clip_mode=value: both gradients become 0.1; the norm would scale."""
+    clip = {"clip_norm": None, "clip_value": 0.1} if mode == "value" else {"clip_norm": 0.1}
+    cfg = _cfg(optimizer="sgd", momentum=0.0, weight_decay=0.0, lr=1.0, max_steps=1, warmup_ratio=0.0, **clip)
+    fit(_ClipTask(), cfg, tmp_path)
+    torch.manual_seed(cfg.seed)
+    start = _ClipTask().build_model().weight.detach()
+    after = _weights(tmp_path / "last")["weight"]
+    if mode == "value":
+        torch.testing.assert_close(after, start - 0.1)
+    else:
+        step = torch.tensor([[800.0, 0.8]]) * (0.1 / math.hypot(800.0, 0.8))
+        torch.testing.assert_close(after, start - step)

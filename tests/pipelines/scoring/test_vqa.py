@@ -1,4 +1,4 @@
-"""VQA scoring against an independent restatement of the official vqaEval.py rules."""
+"""VQA scoring against independent restatements of the official vqaEval.py rules, 2017 and 2021."""
 
 from __future__ import annotations
 
@@ -55,9 +55,30 @@ def ref_prediction(s: str) -> str:
 
 
 def ref_accuracy(prediction: str, humans: list[str]) -> float:
+    """vqaEval.py as of 2017."""
     pred = ref_prediction(prediction)
     if len(set(humans)) != 1:
         humans = [ref_punctuation(h) for h in humans]
+    return _leave_one_out(pred, humans)
+
+
+def ref_accuracy_2021(prediction: str, humans: list[str]) -> float:
+    """vqaEval.py as of 2021: everything stripped; normalised alike, or not at all when unanimous."""
+
+    def clean(s: str) -> str:
+        return s.replace("\n", " ").replace("\t", " ").strip()
+
+    def full(s: str) -> str:
+        words = [REF_NUMBERS.get(w, w) for w in ref_punctuation(s).lower().split()]
+        return " ".join(REF_CONTRACTIONS.get(w, w) for w in words if w not in ("a", "an", "the"))
+
+    pred, humans = clean(prediction), [clean(h) for h in humans]
+    if len(set(humans)) != 1:
+        pred, humans = full(pred), [full(h) for h in humans]
+    return _leave_one_out(pred, humans)
+
+
+def _leave_one_out(pred: str, humans: list[str]) -> float:
     subsets = list(itertools.combinations(range(len(humans)), len(humans) - 1))
     return sum(min(1.0, sum(humans[i] == pred for i in subset) / 3) for subset in subsets) / len(subsets)
 
@@ -89,10 +110,46 @@ TRICKY = [
 ]
 
 
+# the same kind of cases under the 2021 script, worked out by hand
+TRICKY_2021 = [
+    ("yes.", ["yes"] * 10, 0.0),  # unanimous: nothing is normalised, not even the prediction
+    ("Yes", ["yes"] * 10, 0.0),
+    ("yes", ["Yes"] * 5 + ["yes"] * 5, 1.0),  # disagreeing humans are lowercased too
+    ("yes", ["Yes"] * 10, 0.0),
+    (" yes ", ["yes "] * 10, 1.0),  # but everything is stripped
+    ("yes", ["yes."] * 9 + ["no"], 1.0),
+    ("two", ["2"] * 3 + ["3"] * 7, 0.9),
+    ("2", ["two"] * 4 + ["2"] * 6, 1.0),  # the humans' "two" becomes 2 as well
+    ("two", ["two"] * 10, 1.0),
+    ("2", ["two"] * 10, 0.0),  # unanimous "two" stays a word
+    ("the man", ["man"] * 10, 0.0),  # unanimous: the article stays
+    ("the man", ["man"] * 9 + ["a man"], 1.0),  # disagreeing: articles dropped on both sides
+    ("What's up?", ["whats up"] * 9 + ["no"], 1.0),  # the humans' contractions are restored
+    ("red", ["red"] * 2 + ["blue"] * 8, 0.6),
+]
+
+
 @pytest.mark.parametrize(("prediction", "humans", "expected"), TRICKY)
 def test_tricky_answers_match_the_hand_values_and_the_restatement(prediction, humans, expected):
-    assert question_accuracy(prediction, humans) == pytest.approx(expected)
-    assert question_accuracy(prediction, humans) == pytest.approx(ref_accuracy(prediction, humans))
+    assert question_accuracy(prediction, humans, "2017") == pytest.approx(expected)
+    assert question_accuracy(prediction, humans, "2017") == pytest.approx(ref_accuracy(prediction, humans))
+
+
+@pytest.mark.parametrize(("prediction", "humans", "expected"), TRICKY_2021)
+def test_2021_tricky_answers_match_the_hand_values_and_the_restatement(prediction, humans, expected):
+    assert question_accuracy(prediction, humans, "2021") == pytest.approx(expected)
+    assert question_accuracy(prediction, humans) == pytest.approx(ref_accuracy_2021(prediction, humans))
+
+
+def test_the_versions_disagree_where_the_fix_changed_the_rules():
+    # every case above that the 2017 script scores differently, and the default is the current script
+    separating = [(p, h) for p, h, _ in TRICKY_2021 if ref_accuracy(p, h) != ref_accuracy_2021(p, h)]
+    assert len(separating) >= 6
+    for prediction, humans in separating:
+        assert question_accuracy(prediction, humans, "2017") != question_accuracy(prediction, humans, "2021")
+        assert question_accuracy(prediction, humans) == question_accuracy(prediction, humans, "2021")
+    with pytest.raises(ValueError, match="unknown VQA evaluator '2019'"):
+        question_accuracy("yes", ["yes"] * 10, "2019")
 
 
 @pytest.mark.parametrize(
@@ -143,7 +200,8 @@ def _official_files(tmp_path, questions):
     return tmp_path / "ann.json", tmp_path / "q.json"
 
 
-def test_random_files_score_as_the_restatement_overall_and_per_type(tmp_path):
+@pytest.mark.parametrize(("evaluator", "ref"), [("2017", ref_accuracy), ("2021", ref_accuracy_2021)])
+def test_random_files_score_as_the_restatement_overall_and_per_type(tmp_path, evaluator, ref):
     rng = random.Random(0)
     vocab = [
         "yes",
@@ -160,6 +218,10 @@ def test_random_files_score_as_the_restatement_overall_and_per_type(tmp_path):
         "1000",
         "gray",
         "grey",
+        " yes",
+        "a man",
+        "Two",
+        "whats up",
     ]
     questions, predictions = {}, []
     for qid in range(300):
@@ -175,15 +237,16 @@ def test_random_files_score_as_the_restatement_overall_and_per_type(tmp_path):
     ann, qs = _official_files(tmp_path, questions)
     (tmp_path / "res.json").write_text(json.dumps(predictions))
 
-    got = score_vqa_files(tmp_path / "res.json", ann, qs)
+    got = score_vqa_files(tmp_path / "res.json", ann, qs, evaluator=evaluator)
 
     answer = {p["question_id"]: p["answer"] for p in predictions}
-    acc = {qid: ref_accuracy(answer[qid], humans) for qid, (humans, _, _) in questions.items()}
+    acc = {qid: ref(answer[qid], humans) for qid, (humans, _, _) in questions.items()}
 
     def pct(ids):
         return round(100 * sum(acc[i] for i in ids) / len(ids), 2)
 
     assert got["method"] == "official" and got["questions"] == 300
+    assert got["evaluator"] == f"vqaEval.py {evaluator}"
     assert got["accuracy"] == pct(list(acc))
     for atype in ("yes/no", "number", "other"):
         assert got["per_answer_type"][atype] == pct([q for q, v in questions.items() if v[1] == atype])
@@ -221,7 +284,7 @@ def test_lxmert_rows_score_the_normalised_prediction_with_its_label(tmp_path):
     (tmp_path / "minival.json").write_text(json.dumps(rows))
     gold = read_vqa_gold(tmp_path / "minival.json")
     got = score_vqa({1: "Yes.", 2: "two", 3: "anything"}, gold)
-    assert got["method"] == "lxmert-soft-labels"
+    assert got["method"] == "lxmert-soft-labels" and "evaluator" not in got
     assert got["accuracy"] == round(100 * (1.0 + 0.6 + 0.0) / 3, 2)
     assert got["per_answer_type"] == {"yes/no": 100.0, "number": 60.0, "other": 0.0}
 
