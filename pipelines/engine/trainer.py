@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.engine import config_io
 from pipelines.engine.checkpoints import (
+    CHECKPOINTS,
     STATE_FILE,
     latest_checkpoint,
     prune,
@@ -81,6 +82,12 @@ class TrainConfig:
     gpus_per_worker: float | None = None  # None = 1 when the Ray cluster has GPUs, else CPU workers
     cpus_per_worker: float = 1.0
     ray_address: str | None = None  # None = a private local Ray instance (or RAY_ADDRESS when set)
+    # Ray Train restarts the worker group from the last checkpoint this many times after a lost worker or
+    # node (-1: without limit); a deterministic error is retried as often, so keep it small
+    max_failures: int = 2
+    # where Ray Train keeps the run's checkpoints (a folder every node reaches, or a URI such as s3://...);
+    # None = the run directory itself (its checkpoints/ folder, no copy)
+    storage_path: str | None = None
 
     def __post_init__(self) -> None:
         steps = self.lr_steps
@@ -121,6 +128,13 @@ class Task(Protocol):
     def save(self, model: torch.nn.Module, directory: Path) -> None: ...
 
 
+class Reporter(Protocol):
+    """Told on every worker, at the same steps, what the run logged and the checkpoint directory written
+    at this step (rank 0 wrote it; None when none was): the hook Ray Train's `ray.train.report` hangs on."""
+
+    def __call__(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None: ...
+
+
 class BatchDataset(Dataset):
     """Micro-batch g of a pass: its examples and its collation RNG follow from (key, g) alone, so any
     number of loader workers, and a resumed run, produce the very same batches."""
@@ -141,7 +155,17 @@ class BatchDataset(Dataset):
 class TrainingRun:
     """One worker's run: build, restore, the loop with its optimizer steps, validation and checkpoints."""
 
-    def __init__(self, task: Task, cfg: TrainConfig, out_dir: Path, resume: bool):
+    def __init__(
+        self,
+        task: Task,
+        cfg: TrainConfig,
+        out_dir: Path,
+        resume: bool,
+        reporter: Reporter | None = None,
+        restore_from: Path | None = None,
+    ):
+        """`restore_from`: a checkpoint directory to resume from instead of the run's newest (Ray Train's
+        own record of the last reported checkpoint, after a restart)."""
         dist = torch.distributed
         self.task, self.cfg, self.out_dir = task, cfg, out_dir
         self.distributed = dist.is_initialized()
@@ -156,8 +180,10 @@ class TrainingRun:
                 f"{self.world} x {cfg.grad_accum}; change one of them"
             )
         self.micro_batch = cfg.batch_size // (self.world * cfg.grad_accum)
-        self.resume = resume
-        self.ckpt_root = out_dir / "checkpoints"
+        self.resume = resume or restore_from is not None
+        self.restore_from = restore_from
+        self.reporter = reporter
+        self.ckpt_root = out_dir / CHECKPOINTS
         self.run_log = RunLog(out_dir, enabled=self.is_main, trackers=cfg.trackers, progress=cfg.progress)
 
     # ---- setup
@@ -185,7 +211,7 @@ class TrainingRun:
         self.last_valid: dict = {}
 
     def _restore(self) -> None:
-        latest = latest_checkpoint(self.ckpt_root)
+        latest = self.restore_from or latest_checkpoint(self.ckpt_root)
         if not self.resume:
             if latest is not None:
                 raise FileExistsError(
@@ -243,6 +269,7 @@ class TrainingRun:
             for _ in range(first, self.steps_per_epoch):
                 if self.step >= self.total_steps:
                     break
+                logged = False
                 lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
                 parts = self._optimizer_step(model, batches)
                 for k, v in parts.items():
@@ -258,6 +285,7 @@ class TrainingRun:
                     self.last_train = row
                     self._log(row)
                     window, tick, samples = {}, now, 0
+                    logged = True
                 end_of_epoch = self.step % self.steps_per_epoch == 0
                 due_eval = (cfg.eval_every and self.step % cfg.eval_every == 0) or (
                     cfg.eval_every is None and end_of_epoch
@@ -265,8 +293,12 @@ class TrainingRun:
                 if due_eval or self.step == self.total_steps:
                     self._validate(epoch)
                     model.train()
+                saved = None
                 if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == self.total_steps:
-                    self._save_checkpoint()
+                    saved = self._save_checkpoint()
+                if self.reporter is not None and (logged or saved is not None):
+                    metrics = {**self.last_valid, **self.last_train, "step": self.step}
+                    self.reporter(self.step, metrics, saved)
             del batches
         summary = {
             "step": self.step,
@@ -376,9 +408,10 @@ class TrainingRun:
         if self.distributed:
             torch.distributed.barrier()
 
-    def _save_checkpoint(self) -> None:
+    def _save_checkpoint(self) -> Path:
+        """Write checkpoints/step-N (rank 0) and return it; every worker returns once it is complete."""
+        target = step_dir(self.ckpt_root, self.step)
         if self.is_main:
-            target = step_dir(self.ckpt_root, self.step)
 
             def write(d: Path) -> None:
                 self.task.save(self.model, d)
@@ -403,6 +436,7 @@ class TrainingRun:
             log.info("checkpoint %s", target)
         if self.distributed:
             torch.distributed.barrier()
+        return target
 
     def _log(self, row: dict) -> None:
         self.run_log.log(row)
