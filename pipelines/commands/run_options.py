@@ -91,14 +91,14 @@ def split_overrides(items: list[str], overrides: list[str]) -> tuple[list[str], 
 def resolve_run_config(
     args: argparse.Namespace, cls: type[T], task_flags: dict[str, Any], base: T | None = None
 ) -> T:
-    """defaults (or `base`) < --config (or the run's own config.yaml on --resume) < flags < KEY=VALUE."""
+    """defaults (or `base`) < --config (or, on --resume, the run's own settings) < flags < KEY=VALUE."""
     from pipelines.engine import config_io
 
     features, train, valid, overrides = _split_overrides(args)
-    config_path = args.config
-    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
-        config_path = Path(args.out) / "config.yaml"
-    cfg = config_io.load(cls, config_path, base=base)
+    cfg = config_io.load(cls, args.config, base=base)
+    own = resumed_settings(args)
+    if own is not None:
+        cfg = config_io.merge(cfg, own, where=str(Path(args.out)))
     train_flags = {
         "max_steps": args.max_steps,
         "epochs": args.epochs,
@@ -127,6 +127,16 @@ def resolve_run_config(
     if args.max_steps is None and args.epochs is not None:
         cfg = config_io.merge(cfg, {"train": {"max_steps": None}})
     return config_io.apply_overrides(cfg, overrides)
+
+
+def resumed_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """On --resume without --config: the settings of the run's latest start (history.jsonl, else
+    config.yaml), so that flags left out keep the run's values."""
+    from pipelines.engine.run_history import current_config
+
+    if args.config is not None or not args.resume:
+        return None
+    return current_config(Path(args.out))
 
 
 def _split_overrides(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[str]]:

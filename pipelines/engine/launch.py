@@ -10,16 +10,28 @@ from pathlib import Path
 
 import torch
 
-from pipelines.engine.checkpoints import CHECKPOINTS
-from pipelines.engine.trainer import Task, TrainConfig, TrainingRun
+from pipelines.engine.checkpoints import CHECKPOINTS, latest_checkpoint
+from pipelines.engine.run_history import check_resume
+from pipelines.engine.trainer import Task, TrainConfig, TrainingRun, run_config
 
 
 def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Train `task` into `out_dir` and return the run summary (also written as summary.json).
 
-    Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/ (task files + trainer_state.pt),
-    last/, best/ (when the task has a primary metric), curves.png, tensorboard/ (if installed)."""
+    Run directory: config.yaml (as the run began), history.jsonl (each start and its settings),
+    metrics.jsonl, checkpoints/step-N/ (task files + trainer_state.pt), last/, best/ (when the task has a
+    primary metric), curves.png, tensorboard/ (if installed). A resume that changes a setting other than
+    the run's length, placement or logging is refused by name (`run_history.RESUMABLE`)."""
     out_dir = Path(out_dir)
+    # refused here, before any worker starts: on Ray Train a worker's error would be retried
+    latest = latest_checkpoint(out_dir / CHECKPOINTS)
+    if latest is not None and not resume:
+        raise FileExistsError(
+            f"{out_dir} already holds a run (checkpoint {latest.name}); pass --resume to continue it or "
+            "choose another output directory"
+        )
+    if latest is not None:
+        check_resume(out_dir, run_config(task, cfg))
     if cfg.workers > 0:
         return _fit_ray(task, cfg, out_dir, resume)
     return train_worker(task, cfg, out_dir, resume)

@@ -31,6 +31,7 @@ from pipelines.engine.checkpoints import (
     step_dir,
 )
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
+from pipelines.engine.run_history import check_resume, record_start
 from pipelines.engine.run_log import RunLog
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,7 @@ class TrainingRun:
         if latest is None:
             log.warning("resume requested but %s holds no checkpoint: starting from step 0", self.ckpt_root)
             return
+        check_resume(self.out_dir, run_config(self.task, self.cfg))
         state = read_state(latest / STATE_FILE, self.device)
         if state["micro_batch"] * state["world"] * state["grad_accum"] != self.cfg.batch_size:
             raise ValueError(
@@ -249,8 +251,9 @@ class TrainingRun:
         self._restore()
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._write_config()
-            self.run_log.open(self.step, self.total_steps, self._config_dict())
+            config = run_config(self.task, self.cfg)
+            record_start(self.out_dir, config, self.step)
+            self.run_log.open(self.step, self.total_steps, config)
         model = self.model
         if self.distributed:
             model = torch.nn.parallel.DistributedDataParallel(
@@ -441,15 +444,15 @@ class TrainingRun:
     def _log(self, row: dict) -> None:
         self.run_log.log(row)
 
-    def _config_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"train": config_io.to_dict(self.cfg)}
-        task_cfg = getattr(self.task, "config", None)
-        if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
-            data["task"] = config_io.to_dict(task_cfg)
-        return data
 
-    def _write_config(self) -> None:
-        config_io.save_yaml(self._config_dict(), self.out_dir / "config.yaml")
+def run_config(task: Task, cfg: TrainConfig) -> dict[str, Any]:
+    """The run's settings as config.yaml holds them: `train:` and, when the task has a dataclass
+    `config`, `task:`."""
+    data: dict[str, Any] = {"train": config_io.to_dict(cfg)}
+    task_cfg = getattr(task, "config", None)
+    if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
+        data["task"] = config_io.to_dict(task_cfg)
+    return data
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -286,3 +286,35 @@ def test_amp_is_cuda_only():
     assert trainer._amp_dtype("bf16", torch.device("cpu")) is None
     assert trainer._amp_dtype("auto", torch.device("cpu")) is None
     assert math.isclose(trainer._linear_schedule(10, 100)(5), 0.5)
+
+
+def test_a_resume_with_a_new_learning_rate_is_refused_by_name(tmp_path):
+    fit(ToyTask(), _cfg(max_steps=8, save_every=4), tmp_path)
+    with pytest.raises(ValueError, match=r"train\.lr was 0\.02, now 0\.05") as refused:
+        fit(ToyTask(), _cfg(max_steps=16, lr=0.05), tmp_path, resume=True)
+    assert "train.max_steps" not in str(refused.value), "the run's length may change"
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step-8", "nothing trained"
+    with pytest.raises(ValueError, match=r"train\.optimizer was adamw, now sgd"):
+        fit(ToyTask(), _cfg(max_steps=16, optimizer="sgd"), tmp_path, resume=True)
+
+
+def test_config_yaml_keeps_the_start_and_history_records_each_resume(tmp_path):
+    fit(ToyTask(), _cfg(max_steps=8, save_every=4), tmp_path)
+    before = (tmp_path / "config.yaml").read_text()
+    fit(ToyTask(), _cfg(max_steps=12, log_every=3), tmp_path, resume=True)
+    assert (tmp_path / "config.yaml").read_text() == before, "config.yaml is the run as it began"
+    starts = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert [(s["start"], s["step"]) for s in starts] == [("new", 0), ("resume", 8)]
+    assert starts[1]["changed"] == {
+        "train.max_steps": [8, 12],
+        "train.log_every": [2, 3],
+        "train.save_every": [4, None],
+    }
+    assert starts[1]["config"]["train"]["max_steps"] == 12
+    # a new run in the same directory (no checkpoint yet: the first start failed early) starts afresh
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "history.jsonl").write_text(json.dumps({"config": {"train": {"lr": 9.0}}}) + "\n")
+    fit(ToyTask(), _cfg(max_steps=2), other)
+    (start,) = [json.loads(line) for line in (other / "history.jsonl").read_text().splitlines()]
+    assert start["start"] == "new" and start["changed"] == {} and start["config"]["train"]["lr"] == 0.02
