@@ -207,6 +207,9 @@ class TrainingRun:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(cfg, self.total_steps))
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.step = 0
+        # the losses of the steps since the last logged row: saved with a checkpoint, so a resumed run logs
+        # the same means as one that never stopped
+        self.window: dict[str, list[float]] = {}
         self.best: dict | None = None
         self.last_train: dict = {}
         self.last_valid: dict = {}
@@ -242,6 +245,7 @@ class TrainingRun:
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.best = json.loads(state["best"]) if state.get("best") else None
+        self.window = json.loads(state["window"]) if state.get("window") else {}
         log.info("resumed from %s at step %d", latest, self.step)
 
     # ---- loop
@@ -261,7 +265,7 @@ class TrainingRun:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=True,  # switched-off tasks leave their heads without gradients
             )
-        window: dict[str, list[float]] = {}
+        window = self.window
         tick, samples = time.perf_counter(), 0
         while self.step < self.total_steps:
             epoch, first = divmod(self.step, self.steps_per_epoch)
@@ -287,7 +291,8 @@ class TrainingRun:
                     row["samples_per_s"] = samples / max(now - tick, 1e-9)
                     self.last_train = row
                     self._log(row)
-                    window, tick, samples = {}, now, 0
+                    window.clear()
+                    tick, samples = now, 0
                     logged = True
                 end_of_epoch = self.step % self.steps_per_epoch == 0
                 due_eval = (cfg.eval_every and self.step % cfg.eval_every == 0) or (
@@ -425,6 +430,7 @@ class TrainingRun:
                     "scaler": self.scaler.state_dict() if self.scaler is not None else {},
                     "step": self.step,
                     "best": json.dumps(self.best) if self.best else "",
+                    "window": json.dumps(self.window),
                     "batch_size": self.cfg.batch_size,
                     "micro_batch": self.micro_batch,
                     "world": self.world,

@@ -220,14 +220,18 @@ _SGD_STEPS = {
 )
 def test_resume_is_exact(tmp_path, recipe):
     straight, first = tmp_path / "straight", tmp_path / "halves"
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, **recipe), straight)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, log_every=4, **recipe), straight)
     # crash mid-epoch just after the step-10 checkpoint (8 steps per epoch), with other loader workers
     with pytest.raises(_Crash):
-        fit(CrashingTask(after=10), _cfg(epochs=3, save_every=10, loader_workers=2, **recipe), first)
+        fit(
+            CrashingTask(after=10),
+            _cfg(epochs=3, save_every=10, loader_workers=2, log_every=4, **recipe),
+            first,
+        )
     assert latest_checkpoint(first / "checkpoints").name == "step-10"
     with pytest.raises(FileExistsError, match="--resume"):
         fit(ToyTask(), _cfg(epochs=3, **recipe), first)
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, **recipe), first, resume=True)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, log_every=4, **recipe), first, resume=True)
     a, b = _weights(straight / "last"), _weights(first / "last")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
@@ -235,6 +239,8 @@ def test_resume_is_exact(tmp_path, recipe):
     rows_b = [r for r in read_metrics(first / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
     assert [r["lr"] for r in rows_a] == [r["lr"] for r in rows_b]
+    # the row of step 12 averages steps 9-12, two of them before the checkpoint: the same means
+    assert [r["loss"] for r in rows_a] == [r["loss"] for r in rows_b]
     assert latest_checkpoint(first / "checkpoints").name == "step-24"
 
 
