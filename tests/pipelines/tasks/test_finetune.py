@@ -413,7 +413,7 @@ def test_bad_inputs_name_the_problem(problem, tmp_path):
     assert code == 1
 
 
-def test_resume_continues_the_run(problem, tmp_path):
+def test_resume_continues_the_run(problem, tmp_path, capsys):
     out = tmp_path / "vqa"
     argv = _argv(problem, "vqa", out, "--batch-size", "16", "train.log_every=1", valid=False)
     assert main([*argv, "--max-steps", "2"]) == 0
@@ -421,6 +421,12 @@ def test_resume_continues_the_run(problem, tmp_path):
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps == [1, 2, 3, 4]
+    capsys.readouterr()
+    # a rerun with a new learning rate would continue the old run under it: refused, naming it
+    assert main([*argv, "--max-steps", "6", "--resume", "--lr", "0.001"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("xmodal finetune: ") and "train.lr was 5e-05, now 0.001" in line
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4]
 
 
 @pytest.mark.slow
@@ -439,7 +445,7 @@ def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path, ra
     assert main(argv) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows if "loss" in r and "valid_accuracy" not in r] == [1, 2]
-    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-2"]
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-2"]
     assert any("valid_consistency" in r for r in rows)
     for d in ("best", "last"):
         assert load_finetuned(out / d).task == "nlvr2"
