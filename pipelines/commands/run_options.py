@@ -45,8 +45,17 @@ def add_run_arguments(parser: argparse.ArgumentParser, data_help: str) -> None:
         help="drop examples whose stored records fail the value checks (non-finite, out of range), "
         "logging each, instead of stopping",
     )
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint (other hyper-parameters are refused)",
+    )
+    start.add_argument(
+        "--fork",
+        metavar="RUN",
+        help="start --out as a new run going on from RUN's last checkpoint (weights, optimizer, step) "
+        "with the settings given here; its history.jsonl records what changed",
     )
     parser.add_argument("--workers", type=int, help="Ray Train workers (default: train in this process)")
     parser.add_argument(
@@ -130,13 +139,25 @@ def resolve_run_config(
 
 
 def resumed_settings(args: argparse.Namespace) -> dict[str, Any] | None:
-    """On --resume without --config: the settings of the run's latest start (history.jsonl, else
-    config.yaml), so that flags left out keep the run's values."""
+    """On --resume (or --fork RUN) without --config: the settings of the run's (RUN's) latest start
+    (history.jsonl, else config.yaml), so that flags left out keep the run's values."""
     from pipelines.engine.run_history import current_config
 
-    if args.config is not None or not args.resume:
+    source = getattr(args, "fork", None)
+    if args.config is not None or not (args.resume or source):
         return None
-    return current_config(Path(args.out))
+    return current_config(Path(source or args.out))
+
+
+def start_run(args: argparse.Namespace) -> bool:
+    """Whether the run resumes: --resume, or --fork RUN, which first makes --out a copy of RUN's last
+    checkpoint and files (`run_history.fork`)."""
+    from pipelines.engine.run_history import fork
+
+    if getattr(args, "fork", None):
+        fork(Path(args.fork), Path(args.out))
+        return True
+    return bool(args.resume)
 
 
 def _split_overrides(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[str]]:

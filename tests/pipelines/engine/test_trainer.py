@@ -324,3 +324,18 @@ def test_config_yaml_keeps_the_start_and_history_records_each_resume(tmp_path):
     fit(ToyTask(), _cfg(max_steps=2), other)
     (start,) = [json.loads(line) for line in (other / "history.jsonl").read_text().splitlines()]
     assert start["start"] == "new" and start["changed"] == {} and start["config"]["train"]["lr"] == 0.02
+
+
+def test_a_fork_needs_a_checkpoint_to_go_on_from_and_a_new_run_directory(tmp_path):
+    from pipelines.engine.run_history import fork
+
+    with pytest.raises(ValueError, match=r"^--fork .*: no checkpoint to go on from"):
+        fork(tmp_path / "nothing", tmp_path / "new")
+    fit(ToyTask(), _cfg(max_steps=4), tmp_path / "a")
+    fit(ToyTask(), _cfg(max_steps=4), tmp_path / "b")
+    with pytest.raises(ValueError, match=r"^--out .*b already holds a run \(checkpoint step-4\)"):
+        fork(tmp_path / "a", tmp_path / "b")
+    assert fork(tmp_path / "a", tmp_path / "c") == 4
+    fit(ToyTask(), _cfg(max_steps=8, lr=0.05), tmp_path / "c", resume=True)  # new settings: allowed once
+    with pytest.raises(ValueError, match=r"train\.lr was 0\.05, now 0\.02"):
+        fit(ToyTask(), _cfg(max_steps=12), tmp_path / "c", resume=True)  # then the fork's own are kept

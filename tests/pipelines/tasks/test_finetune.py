@@ -427,6 +427,19 @@ def test_resume_continues_the_run(problem, tmp_path, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("xmodal finetune: ") and "train.lr was 5e-05, now 0.001" in line
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4]
+    # asked for, the new rate goes on from the old run's checkpoint in a run directory of its own
+    forked = tmp_path / "vqa-lr"
+    fork_argv = [a if a != str(out) else str(forked) for a in argv]
+    assert main([*fork_argv, "--max-steps", "6", "--fork", str(out), "--lr", "0.001"]) == 0
+    assert [r["step"] for r in read_metrics(forked / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    starts = [json.loads(line) for line in (forked / "history.jsonl").read_text().splitlines()]
+    assert [(s["start"], s["step"]) for s in starts] == [("fork", 4), ("resume", 4)]
+    assert starts[0]["from"] == str(out.resolve())
+    assert starts[1]["changed"] == {"train.lr": [5e-05, 0.001], "train.max_steps": [4, 6]}
+    assert "lr: 0.001" in (forked / "config.yaml").read_text()
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4], (
+        "untouched"
+    )
 
 
 @pytest.mark.slow
