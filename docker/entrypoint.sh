@@ -1,7 +1,8 @@
 #!/bin/sh
 # The image's entry point: checks what the container needs, then runs its arguments (`xmodal ...` by default,
 # `ray start ...` on the compose Ray nodes), so a misconfiguration stops with one line saying what to do.
-# XMODAL_WRITES lists the folders the service writes (set per service in docker/docker-compose.yml).
+# XMODAL_WRITES lists the folders the service writes (set per service in docker/docker-compose.yml);
+# XMODAL_EXTRA_ARGS, arguments appended to the command, split at spaces, never expanded as file patterns.
 set -eu
 
 for dir in ${XMODAL_WRITES:-}; do
@@ -30,6 +31,13 @@ if [ "${1:-}" != xmodal ] && { [ ! -O "${HOME:-/}" ] || [ ! -w "${HOME:-/}" ]; }
         exit 1
     fi
     export HOME="$private"
+fi
+
+if [ -n "${XMODAL_EXTRA_ARGS:-}" ]; then
+    set -f
+    # shellcheck disable=SC2086 # split at spaces on purpose: one variable carries several arguments
+    set -- "$@" $XMODAL_EXTRA_ARGS
+    set +f
 fi
 
 exec "$@"

@@ -96,18 +96,18 @@ def _add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_train_config(args: argparse.Namespace):
-    """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
+    """preset defaults < --config (or, on --resume, the run's own settings) < flags < KEY=VALUE."""
+    from pipelines.commands.run_options import resumed_settings
     from pipelines.engine import config_io
     from pipelines.tasks.detection import DetectorTrainRun, default_run
 
-    config_path = args.config
-    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
-        config_path = Path(args.out) / "config.yaml"
+    settings = config_io.load_yaml(args.config) if args.config else resumed_settings(args)
     preset = args.preset
-    if preset is None and config_path is not None:
-        preset = (config_io.load_yaml(config_path).get("task") or {}).get("preset")
+    if preset is None and settings is not None:
+        preset = (settings.get("task") or {}).get("preset")
     cfg = default_run(preset) if preset else DetectorTrainRun()
-    cfg = config_io.load(DetectorTrainRun, config_path, base=cfg)
+    if settings is not None:
+        cfg = config_io.merge(cfg, settings, where=str(args.config or args.out))
     train = {
         "max_steps": args.max_steps,
         "batch_size": args.batch_size,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pipelines.commands.images_option import add_images_arguments, store_for_rows
-from pipelines.commands.run_options import add_run_arguments, resolve_run_config
+from pipelines.commands.run_options import add_run_arguments, resolve_run_config, start_run
 
 EPILOG = """\
 data (JSON list, JSON lines, CSV, or a datasets Parquet/Arrow export): VQA/GQA rows {image, question,
@@ -22,8 +22,10 @@ defaults (the release's): BertAdam, lr 5e-5 (vqa, nlvr2) / 1e-5 (gqa), batch 32,
 clip 5.0.
 precedence: task defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
 < KEY=VALUE overrides (e.g. train.grad_accum=2 task.max_length=30 task.model.hidden_dropout_prob=0.2).
-The run directory holds best/ (by validation accuracy), last/, checkpoints/, metrics.jsonl, config.yaml;
-best/ and last/ are self-contained for `xmodal evaluate` and `xmodal ask`.
+The run directory holds best/ (by validation accuracy), last/, checkpoints/, metrics.jsonl, config.yaml
+(as the run began), history.jsonl (each start and what changed); best/ and last/ are self-contained for
+`xmodal evaluate` and `xmodal ask`. --resume refuses other hyper-parameters by name; --fork RUN goes on
+from RUN's last checkpoint with new ones in a new --out.
 """
 
 
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             run_cfg.task.features = [str(store)]
         elif not run_cfg.task.features:
             raise ValueError("give the features: --features feats.lmdb, or --images DIR to extract them")
-        summary = finetune(run_cfg, out, resume=args.resume)
+        summary = finetune(run_cfg, out, resume=start_run(args))
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal finetune: {exc}", file=sys.stderr)
         return 1

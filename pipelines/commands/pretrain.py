@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.commands.run_options import add_run_arguments, resolve_run_config
+from pipelines.commands.run_options import add_run_arguments, resolve_run_config, start_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
             PretrainRun,
             {"arch": args.arch, "vocab": args.vocab, "preset": args.preset, "answers": args.answers},
         )
-        summary = pretrain(run_cfg, out, resume=args.resume)
+        summary = pretrain(run_cfg, out, resume=start_run(args))
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal pretrain: {exc}", file=sys.stderr)
         return 1

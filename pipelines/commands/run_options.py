@@ -52,8 +52,17 @@ def add_run_arguments(
         help="drop examples whose stored records fail the value checks (non-finite, out of range), "
         "logging each, instead of stopping",
     )
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last checkpoint (other hyper-parameters are refused)",
+    )
+    start.add_argument(
+        "--fork",
+        metavar="RUN",
+        help="start --out as a new run going on from RUN's last checkpoint (weights, optimizer, step) "
+        "with the settings given here; its history.jsonl records what changed",
     )
     parser.add_argument("--workers", type=int, help="Ray Train workers (default: train in this process)")
     parser.add_argument(
@@ -98,14 +107,14 @@ def split_overrides(items: list[str], overrides: list[str]) -> tuple[list[str], 
 def resolve_run_config(
     args: argparse.Namespace, cls: type[T], task_flags: dict[str, Any], base: T | None = None
 ) -> T:
-    """defaults (or `base`) < --config (or the run's own config.yaml on --resume) < flags < KEY=VALUE."""
+    """defaults (or `base`) < --config (or, on --resume, the run's own settings) < flags < KEY=VALUE."""
     from pipelines.engine import config_io
 
     features, train, valid, overrides = _split_overrides(args)
-    config_path = args.config
-    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
-        config_path = Path(args.out) / "config.yaml"
-    cfg = config_io.load(cls, config_path, base=base)
+    cfg = config_io.load(cls, args.config, base=base)
+    own = resumed_settings(args)
+    if own is not None:
+        cfg = config_io.merge(cfg, own, where=str(Path(args.out)))
     train_flags = {
         "max_steps": args.max_steps,
         "epochs": args.epochs,
@@ -134,6 +143,28 @@ def resolve_run_config(
     if args.max_steps is None and args.epochs is not None:
         cfg = config_io.merge(cfg, {"train": {"max_steps": None}})
     return config_io.apply_overrides(cfg, overrides)
+
+
+def resumed_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """On --resume (or --fork RUN) without --config: the settings of the run's (RUN's) latest start
+    (history.jsonl, else config.yaml), so that flags left out keep the run's values."""
+    from pipelines.engine.run_history import current_config
+
+    source = getattr(args, "fork", None)
+    if args.config is not None or not (args.resume or source):
+        return None
+    return current_config(Path(source or args.out))
+
+
+def start_run(args: argparse.Namespace) -> bool:
+    """Whether the run resumes: --resume, or --fork RUN, which first makes --out a copy of RUN's last
+    checkpoint and files (`run_history.fork`)."""
+    from pipelines.engine.run_history import fork
+
+    if getattr(args, "fork", None):
+        fork(Path(args.fork), Path(args.out))
+        return True
+    return bool(args.resume)
 
 
 def _split_overrides(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[str]]:

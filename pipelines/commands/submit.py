@@ -16,9 +16,12 @@ tokens, credentials), weights (*.pt, *.bin, *.safetensors, *.pkl, ...) and data 
 images, archives); what goes up and its size are printed first (--include PATTERN puts a file back), and
 more than Ray's upload limit (512 MiB) is refused before sending. Then
 `python -m pipelines COMMAND...` (that is, `xmodal COMMAND...` from the uploaded code) runs on the head
-with the cluster's Python, so paths must be valid there (shared storage). Logs stream here; the exit
-status is the job's. Ctrl-C stops following, not the job. Clusters with token auth (Ray >= 2.60) get
-the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.
+with the cluster's Python, in a temporary copy of the working dir that Ray deletes afterwards. So before
+anything is sent: --out must be absolute (a path on the cluster's shared storage), and a relative input
+must be inside the working dir and uploaded (it is then given relative to it); absolute paths are the
+cluster's. Logs stream here; the exit status is the job's, and a job that succeeds ends with one line
+naming its outputs on the cluster. Ctrl-C stops following, not the job. Clusters with token auth
+(Ray >= 2.60) get the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.
 """
 
 
@@ -42,13 +45,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-wait", dest="wait", action="store_false", help="return once the job is accepted"
     )
+    parser.add_argument("--submission-id", help="the job's id (default: Ray picks one)")
+    parser.add_argument(
+        "--entrypoint-num-cpus", type=float, help="CPUs reserved for the job's driver (as `ray job submit`)"
+    )
+    parser.add_argument(
+        "--entrypoint-num-gpus",
+        type=float,
+        help="GPUs reserved for the driver, e.g. 1 to run a training without --workers on a GPU node",
+    )
+    parser.add_argument("--entrypoint-memory", type=int, help="memory in bytes reserved for the driver")
+    parser.add_argument(
+        "--runtime-env",
+        metavar="YAML",
+        help="a runtime env file (pip, env_vars, ...) merged over xmodal's (working_dir is --working-dir)",
+    )
+    parser.add_argument("--runtime-env-json", metavar="JSON", help="the same, inline")
     parser.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the xmodal command to run"
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.jobs.submission import submit_job
+    from pipelines.jobs.submission import JobOptions, submit_job
 
     argv = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if not argv:
@@ -60,9 +79,41 @@ def run(args: argparse.Namespace) -> int:
         log.error("--address is required (the Ray dashboard, e.g. http://HEAD:8265)")
         return 1
     try:
+        options = JobOptions(
+            submission_id=args.submission_id,
+            entrypoint_num_cpus=args.entrypoint_num_cpus,
+            entrypoint_num_gpus=args.entrypoint_num_gpus,
+            entrypoint_memory=args.entrypoint_memory,
+            runtime_env=_runtime_env(args),
+        )
         return submit_job(
-            args.address, argv, working_dir=args.working_dir, wait=args.wait, include=args.include
+            args.address,
+            argv,
+            working_dir=args.working_dir,
+            wait=args.wait,
+            include=args.include,
+            options=options,
         )
     except (ConnectionError, FileNotFoundError, ValueError) as exc:
         log.error("%s", exc)
         return 1
+
+
+def _runtime_env(args: argparse.Namespace) -> dict:
+    """--runtime-env (YAML or JSON file) and --runtime-env-json, the latter's keys winning."""
+    import json
+
+    from pipelines.engine import config_io
+
+    env: dict = {}
+    if args.runtime_env:
+        env.update(config_io.load_yaml(args.runtime_env))
+    if args.runtime_env_json:
+        try:
+            inline = json.loads(args.runtime_env_json)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--runtime-env-json is not JSON: {exc}") from None
+        if not isinstance(inline, dict):
+            raise ValueError('--runtime-env-json must be a JSON object, e.g. \'{"pip": ["emoji"]}\'')
+        env.update(inline)
+    return env

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+CHECKPOINTS = "checkpoints"  # the run directory's folder of step-N directories
 STATE_FILE = "trainer_state.pt"
 STATE_KEYS = ("model", "optimizer", "scheduler", "step", "batch_size", "micro_batch", "world", "grad_accum")
 

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pipelines.engine.trainer import Task, TrainConfig, TrainingRun
+from pipelines.engine.checkpoints import CHECKPOINTS, latest_checkpoint
+from pipelines.engine.run_history import check_resume
+from pipelines.engine.trainer import Task, TrainConfig, TrainingRun, run_config
 
 
 def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
     """Train `task` into `out_dir` and return the run summary (also written as summary.json).
 
-    Run directory: config.yaml, metrics.jsonl, checkpoints/step-N/ (task files + trainer_state.pt),
-    last/, best/ (when the task has a primary metric), curves.png, tensorboard/ (if installed)."""
+    Run directory: config.yaml (as the run began), history.jsonl (each start and its settings),
+    metrics.jsonl, checkpoints/step-N/ (task files + trainer_state.pt), last/, best/ (when the task has a
+    primary metric), curves.png, tensorboard/ (if installed). A resume that changes a setting other than
+    the run's length, placement or logging is refused by name (`run_history.RESUMABLE`)."""
     out_dir = Path(out_dir)
+    # refused here, before any worker starts: on Ray Train a worker's error would be retried
+    latest = latest_checkpoint(out_dir / CHECKPOINTS)
+    if latest is not None and not resume:
+        raise FileExistsError(
+            f"{out_dir} already holds a run (checkpoint {latest.name}); pass --resume to continue it or "
+            "choose another output directory"
+        )
+    if latest is not None:
+        check_resume(out_dir, run_config(task, cfg))
     if cfg.workers > 0:
         return _fit_ray(task, cfg, out_dir, resume)
     return train_worker(task, cfg, out_dir, resume)
@@ -26,7 +40,7 @@ def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False)
 def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
     import cloudpickle
     import ray
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     if not ray.is_initialized():
@@ -40,7 +54,9 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
     resources = {"CPU": cfg.cpus_per_worker}
     if gpus > 0:
         resources["GPU"] = gpus
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    storage = ray_storage(cfg, out_dir)
     trainer = TorchTrainer(
         _ray_worker_entry,
         # the task travels pickled and is unpickled after the worker has moved to the driver's folder: Ray
@@ -49,27 +65,105 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
             "task": cloudpickle.dumps(task),
             "cwd": os.getcwd(),
             "cfg": cfg,
-            "out_dir": str(out_dir.resolve()),
+            "out_dir": str(out_dir),
             "resume": resume,
+            "in_place": storage.in_place,
         },
         scaling_config=ScalingConfig(
             num_workers=cfg.workers, use_gpu=gpus > 0, resources_per_worker=resources
         ),
         run_config=RunConfig(
-            name=f"train-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=str((out_dir / "ray").resolve())
+            name=storage.name,
+            storage_path=storage.path,
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            # in the run directory the trainer's own retention (keep_checkpoints) prunes checkpoints/
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=None if storage.in_place else cfg.keep_checkpoints
+            ),
         ),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    except ray.train.TrainingFailedError as exc:
+        raise _worker_error(exc) from exc
     return json.loads((out_dir / "summary.json").read_text())
+
+
+@dataclass(frozen=True)
+class RayStorage:
+    """Where Ray Train keeps a run: `path`/`name`; `in_place` when that is the run's own checkpoints/."""
+
+    path: str
+    name: str
+    in_place: bool
+
+
+def ray_storage(cfg: TrainConfig, out_dir: Path) -> RayStorage:
+    """The run directory's checkpoints/ by default: rank 0 writes checkpoints/step-N there and reports it
+    without a copy. A separate `storage_path` gets a copy of each, under a name unique to the run
+    directory, so that a rerun of the same run finds its own checkpoints and no other run's."""
+    if cfg.storage_path is None:
+        return RayStorage(str(out_dir), CHECKPOINTS, in_place=True)
+    digest = hashlib.sha1(str(out_dir).encode()).hexdigest()[:8]
+    path = cfg.storage_path
+    if "://" not in path:
+        path = str(Path(path).resolve())
+    return RayStorage(path, f"{out_dir.name}-{digest}", in_place=False)
+
+
+def _worker_error(exc: Exception) -> Exception:
+    """A worker's own error (bad input, a refused resume) as itself, so the command prints its one line;
+    anything else as Ray raised it."""
+    failures = getattr(exc, "worker_failures", None) or {}
+    for _, failure in sorted(failures.items()):
+        cause = getattr(failure, "cause", None) or failure
+        if isinstance(cause, (ValueError, KeyError, OSError, FloatingPointError)):
+            return cause
+    return exc
 
 
 def _ray_worker_entry(loop_config: dict) -> None:
     import cloudpickle
+    import ray.train
 
     if Path(loop_config["cwd"]).is_dir():  # on another node it exists when on shared storage
         os.chdir(loop_config["cwd"])
     task = cloudpickle.loads(loop_config["task"])  # the driver's own task object, pickled just above
-    train_worker(task, loop_config["cfg"], Path(loop_config["out_dir"]), loop_config["resume"])
+    reporter = RayReporter(loop_config["in_place"])
+    out_dir, cfg = Path(loop_config["out_dir"]), loop_config["cfg"]
+    # after a lost worker Ray Train restarts every worker; the checkpoint it hands back is this run's last
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        TrainingRun(task, cfg, out_dir, loop_config["resume"], reporter=reporter).train()
+        return
+    with checkpoint.as_directory() as directory:
+        TrainingRun(task, cfg, out_dir, True, reporter=reporter, restore_from=Path(directory)).train()
+
+
+class RayReporter:
+    """`ray.train.report` from every worker at the steps the run logs or checkpoints: metrics for the Ray
+    dashboard, and rank 0's checkpoint directory as the run's `Checkpoint`."""
+
+    def __init__(self, in_place: bool):
+        self.in_place = in_place
+
+    def __call__(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        import ray.train
+
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if checkpoint is None:
+            ray.train.report(numbers)
+            return
+        mine = ray.train.get_context().get_world_rank() == 0  # rank 0 wrote it; the others only report
+        ray.train.report(
+            numbers,
+            checkpoint=ray.train.Checkpoint.from_directory(str(checkpoint)) if mine else None,
+            checkpoint_dir_name=checkpoint.name,
+            # written in place, the directory already is where Ray keeps the run: nothing to copy
+            checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD
+            if self.in_place
+            else ray.train.CheckpointUploadMode.SYNC,
+        )
 
 
 def train_worker(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.engine import config_io
 from pipelines.engine.checkpoints import (
+    CHECKPOINTS,
     STATE_FILE,
     latest_checkpoint,
     prune,
@@ -30,6 +31,7 @@ from pipelines.engine.checkpoints import (
     step_dir,
 )
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
+from pipelines.engine.run_history import check_resume, record_start
 from pipelines.engine.run_log import RunLog
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,12 @@ class TrainConfig:
     gpus_per_worker: float | None = None  # None = 1 when the Ray cluster has GPUs, else CPU workers
     cpus_per_worker: float = 1.0
     ray_address: str | None = None  # None = a private local Ray instance (or RAY_ADDRESS when set)
+    # Ray Train restarts the worker group from the last checkpoint this many times after a lost worker or
+    # node (-1: without limit); a deterministic error is retried as often, so keep it small
+    max_failures: int = 2
+    # where Ray Train keeps the run's checkpoints (a folder every node reaches, or a URI such as s3://...);
+    # None = the run directory itself (its checkpoints/ folder, no copy)
+    storage_path: str | None = None
 
     def __post_init__(self) -> None:
         steps = self.lr_steps
@@ -160,6 +168,13 @@ class Task(Protocol):
     def save(self, model: torch.nn.Module, directory: Path) -> None: ...
 
 
+class Reporter(Protocol):
+    """Told on every worker, at the same steps, what the run logged and the checkpoint directory written
+    at this step (rank 0 wrote it; None when none was): the hook Ray Train's `ray.train.report` hangs on."""
+
+    def __call__(self, step: int, metrics: dict[str, float], checkpoint: Path | None) -> None: ...
+
+
 class BatchDataset(Dataset):
     """Micro-batch g of a pass: its examples and its collation RNG follow from (key, g) alone, so any
     number of loader workers, and a resumed run, produce the very same batches."""
@@ -183,7 +198,17 @@ class BatchDataset(Dataset):
 class TrainingRun:
     """One worker's run: build, restore, the loop with its optimizer steps, validation and checkpoints."""
 
-    def __init__(self, task: Task, cfg: TrainConfig, out_dir: Path, resume: bool):
+    def __init__(
+        self,
+        task: Task,
+        cfg: TrainConfig,
+        out_dir: Path,
+        resume: bool,
+        reporter: Reporter | None = None,
+        restore_from: Path | None = None,
+    ):
+        """`restore_from`: a checkpoint directory to resume from instead of the run's newest (Ray Train's
+        own record of the last reported checkpoint, after a restart)."""
         dist = torch.distributed
         self.task, self.cfg, self.out_dir = task, cfg, out_dir
         self.distributed = dist.is_initialized()
@@ -198,8 +223,10 @@ class TrainingRun:
                 f"{self.world} x {cfg.grad_accum}; change one of them"
             )
         self.micro_batch = cfg.batch_size // (self.world * cfg.grad_accum)
-        self.resume = resume
-        self.ckpt_root = out_dir / "checkpoints"
+        self.resume = resume or restore_from is not None
+        self.restore_from = restore_from
+        self.reporter = reporter
+        self.ckpt_root = out_dir / CHECKPOINTS
         self.run_log = RunLog(out_dir, enabled=self.is_main, trackers=cfg.trackers, progress=cfg.progress)
 
     # ---- setup
@@ -224,12 +251,15 @@ class TrainingRun:
         )
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.step = 0
+        # the losses of the steps since the last logged row: saved with a checkpoint, so a resumed run logs
+        # the same means as one that never stopped
+        self.window: dict[str, list[float]] = {}
         self.best: dict | None = None
         self.last_train: dict = {}
         self.last_valid: dict = {}
 
     def _restore(self) -> None:
-        latest = latest_checkpoint(self.ckpt_root)
+        latest = self.restore_from or latest_checkpoint(self.ckpt_root)
         if not self.resume:
             if latest is not None:
                 raise FileExistsError(
@@ -240,6 +270,7 @@ class TrainingRun:
         if latest is None:
             log.warning("resume requested but %s holds no checkpoint: starting from step 0", self.ckpt_root)
             return
+        check_resume(self.out_dir, run_config(self.task, self.cfg))
         state = read_state(latest / STATE_FILE, self.device)
         if state["micro_batch"] * state["world"] * state["grad_accum"] != self.cfg.batch_size:
             raise ValueError(
@@ -258,6 +289,7 @@ class TrainingRun:
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.best = json.loads(state["best"]) if state.get("best") else None
+        self.window = json.loads(state["window"]) if state.get("window") else {}
         log.info("resumed from %s at step %d", latest, self.step)
 
     # ---- loop
@@ -267,8 +299,9 @@ class TrainingRun:
         self._restore()
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._write_config()
-            self.run_log.open(self.step, self.total_steps, self._config_dict())
+            config = run_config(self.task, self.cfg)
+            record_start(self.out_dir, config, self.step)
+            self.run_log.open(self.step, self.total_steps, config)
         model = self.model
         if self.distributed:
             model = torch.nn.parallel.DistributedDataParallel(
@@ -276,7 +309,7 @@ class TrainingRun:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=True,  # switched-off tasks leave their heads without gradients
             )
-        window: dict[str, list[float]] = {}
+        window = self.window
         tick, samples = time.perf_counter(), 0
         while self.step < self.total_steps:
             epoch, first = divmod(self.step, self.steps_per_epoch)
@@ -287,6 +320,7 @@ class TrainingRun:
             for _ in range(first, self.steps_per_epoch):
                 if self.step >= self.total_steps:
                     break
+                logged = False
                 lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
                 parts = self._optimizer_step(model, batches)
                 for k, v in parts.items():
@@ -301,7 +335,9 @@ class TrainingRun:
                     row["samples_per_s"] = samples / max(now - tick, 1e-9)
                     self.last_train = row
                     self._log(row)
-                    window, tick, samples = {}, now, 0
+                    window.clear()
+                    tick, samples = now, 0
+                    logged = True
                 end_of_epoch = self.step % self.steps_per_epoch == 0
                 due_eval = (cfg.eval_every and self.step % cfg.eval_every == 0) or (
                     cfg.eval_every is None and end_of_epoch
@@ -309,8 +345,12 @@ class TrainingRun:
                 if due_eval or self.step == self.total_steps:
                     self._validate(epoch)
                     model.train()
+                saved = None
                 if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == self.total_steps:
-                    self._save_checkpoint()
+                    saved = self._save_checkpoint()
+                if self.reporter is not None and (logged or saved is not None):
+                    metrics = {**self.last_valid, **self.last_train, "step": self.step}
+                    self.reporter(self.step, metrics, saved)
             del batches
         summary = {
             "step": self.step,
@@ -432,9 +472,10 @@ class TrainingRun:
         if self.distributed:
             torch.distributed.barrier()
 
-    def _save_checkpoint(self) -> None:
+    def _save_checkpoint(self) -> Path:
+        """Write checkpoints/step-N (rank 0) and return it; every worker returns once it is complete."""
+        target = step_dir(self.ckpt_root, self.step)
         if self.is_main:
-            target = step_dir(self.ckpt_root, self.step)
 
             def write(d: Path) -> None:
                 self.task.save(self.model, d)
@@ -445,6 +486,7 @@ class TrainingRun:
                     "scaler": self.scaler.state_dict() if self.scaler is not None else {},
                     "step": self.step,
                     "best": json.dumps(self.best) if self.best else "",
+                    "window": json.dumps(self.window),
                     "batch_size": self.cfg.batch_size,
                     "micro_batch": self.micro_batch,
                     "world": self.world,
@@ -459,19 +501,20 @@ class TrainingRun:
             log.info("checkpoint %s", target)
         if self.distributed:
             torch.distributed.barrier()
+        return target
 
     def _log(self, row: dict) -> None:
         self.run_log.log(row)
 
-    def _config_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"train": config_io.to_dict(self.cfg)}
-        task_cfg = getattr(self.task, "config", None)
-        if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
-            data["task"] = config_io.to_dict(task_cfg)
-        return data
 
-    def _write_config(self) -> None:
-        config_io.save_yaml(self._config_dict(), self.out_dir / "config.yaml")
+def run_config(task: Task, cfg: TrainConfig) -> dict[str, Any]:
+    """The run's settings as config.yaml holds them: `train:` and, when the task has a dataclass
+    `config`, `task:`."""
+    data: dict[str, Any] = {"train": config_io.to_dict(cfg)}
+    task_cfg = getattr(task, "config", None)
+    if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
+        data["task"] = config_io.to_dict(task_cfg)
+    return data
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

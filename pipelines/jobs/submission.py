@@ -7,9 +7,12 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pipelines.jobs.job_paths import resolve_job_paths
 from pipelines.jobs.upload import Upload, plan_upload
 
 log = logging.getLogger(__name__)
@@ -26,32 +29,58 @@ def entrypoint(argv: list[str]) -> str:
     return shlex.join(["python", "-m", "pipelines", *argv])
 
 
+@dataclass
+class JobOptions:
+    """What Ray Jobs users pass to `ray job submit`, passed through: the job's id, the driver's resources
+    (the driver runs on the head unless it asks for more), and a runtime env merged over xmodal's."""
+
+    submission_id: str | None = None
+    entrypoint_num_cpus: float | None = None
+    entrypoint_num_gpus: float | None = None
+    entrypoint_memory: int | None = None
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+
+
 def submit_job(
     address: str,
     argv: list[str],
     working_dir: str | Path = ".",
     wait: bool = True,
     include: Sequence[str] = (),
+    options: JobOptions | None = None,
 ) -> int:
     """Submit `xmodal ARGV...`; with `wait`, stream its logs and return its exit status, else return 0.
 
     The working dir goes up without secrets, weights and data (`pipelines.jobs.upload`; `include` patterns
-    put some back); what goes up is said first, and an upload over Ray's limit is refused before sending."""
+    put some back); what goes up is said first, and an upload over Ray's limit is refused before sending,
+    as is a path argument the job could not see or would lose (`pipelines.jobs.job_paths`). A job that
+    succeeds ends with one line saying where its outputs are on the cluster."""
     import requests
     from ray.job_submission import JobSubmissionClient
 
     from pipelines.jobs.ray_runtime import enable_token_auth_if_available
 
+    options = options or JobOptions()
     upload = plan_upload(working_dir, include)
+    paths = resolve_job_paths(argv, upload)
+    env = runtime_env(upload, options.runtime_env)
     print(upload.describe(), file=sys.stderr, flush=True)
     enable_token_auth_if_available()
     try:
         client = JobSubmissionClient(address)
-        job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=runtime_env(upload))
+        job_id = client.submit_job(
+            entrypoint=entrypoint(paths.argv),
+            runtime_env=env,
+            submission_id=options.submission_id,
+            entrypoint_num_cpus=options.entrypoint_num_cpus,
+            entrypoint_num_gpus=options.entrypoint_num_gpus,
+            entrypoint_memory=options.entrypoint_memory,
+        )
     except (RuntimeError, requests.RequestException) as exc:  # refusals: "Request failed with status 500"
         reason = " ".join(str(exc).split())
         raise ConnectionError(f"{address}: the Ray Jobs API did not take the job: {reason}") from None
-    print(f"submitted Ray Job {job_id} to {address}: xmodal {shlex.join(argv)}", file=sys.stderr, flush=True)
+    shown = shlex.join(paths.argv)
+    print(f"submitted Ray Job {job_id} to {address}: xmodal {shown}", file=sys.stderr, flush=True)
     if not wait:
         print(f"follow it with: ray job logs --follow --address {address} {job_id}", file=sys.stderr)
         return 0
@@ -67,18 +96,41 @@ def submit_job(
         return 130
     info = client.get_job_info(job_id)
     if status == "SUCCEEDED":
+        print(outputs_line(job_id, paths.outputs), flush=True)
         return 0
     code = getattr(info, "driver_exit_code", None)
     print(f"Ray Job {job_id} {status.lower()}: {info.message or ''}".rstrip(), file=sys.stderr)
     return int(code) if code else 1
 
 
-def runtime_env(upload: Upload) -> dict:
-    """The Ray Job's runtime_env: the planned working dir, with the excludes the plan was made with."""
+def outputs_line(job_id: str, outputs: Sequence[str]) -> str:
+    """The last line of a job that succeeded: where its outputs are and how to fetch them."""
+    if not outputs:
+        return f"Ray Job {job_id} succeeded"
+    where = ", ".join(outputs)
+    return (
+        f"Ray Job {job_id} succeeded; outputs on the cluster: {where} (on the head, or the storage every "
+        f"node mounts); fetch with: rsync -a HEAD:{outputs[0]} . (or ray rsync-down CLUSTER.yaml "
+        f"{outputs[0]} . on a `ray up` cluster)"
+    )
+
+
+def runtime_env(upload: Upload, extra: Mapping[str, Any] | None = None) -> dict:
+    """The Ray Job's runtime_env: the planned working dir, with the excludes the plan was made with, and
+    the user's own `extra` keys (pip, env_vars, ...) over it; its env_vars merge with ours."""
+    extra = dict(extra or {})
+    taken = sorted({"working_dir", "excludes"} & extra.keys())
+    if taken:
+        raise ValueError(
+            f"the runtime env sets {', '.join(taken)}, which xmodal sets from --working-dir and its upload "
+            "rules; use --working-dir and --include instead"
+        )
+    env_vars = {"PYTHONUNBUFFERED": "1", **dict(extra.pop("env_vars", None) or {})}
     return {
         "working_dir": str(upload.root),
         "excludes": list(upload.excludes),
-        "env_vars": {"PYTHONUNBUFFERED": "1"},
+        **extra,
+        "env_vars": env_vars,
     }
 
 

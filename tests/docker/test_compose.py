@@ -404,3 +404,39 @@ def test_real_config_agrees_with_the_interpolation_these_tests_use(
     assert real_mounts == {(v["target"], bool(v.get("read_only"))) for v in ours["volumes"]}, name
     if name in XMODAL_SERVICES:
         assert build_parser().parse_args(real["command"]).command == real["command"][0]
+
+
+def test_real_compose_orders_the_stages(real_config: dict) -> None:
+    """`docker compose up` starts pretrain once extract has finished successfully, finetune after pretrain."""
+    services = real_config["services"]
+    order = {"pretrain": "extract", "finetune": "pretrain"}
+    for name, before in order.items():
+        assert list(services[name]["depends_on"]) == [before], name
+        assert services[name]["depends_on"][before]["condition"] == "service_completed_successfully", name
+    assert "depends_on" not in services["extract"], "the first stage waits for nothing"
+
+
+def test_real_compose_runs_of_two_names_live_side_by_side(tmp_path: Path) -> None:
+    outputs = {}
+    for run_name in ("baseline", "lower-lr"):
+        env_file = tmp_path / f"{run_name}.env"
+        text = (DOCKER / ".env.example").read_text().replace("RUN_NAME=main", f"RUN_NAME={run_name}")
+        env_file.write_text(text + "FINETUNE_ARGS=--lr 2e-5 train.grad_accum=2\n")
+        result = _compose(tmp_path, env_file, "config", "--format", "json")
+        assert result.returncode == 0, result.stderr
+        services = json.loads(result.stdout)["services"]
+        pretrain, finetune = (_xmodal_argv(services[n]) for n in ("pretrain", "finetune"))
+        outputs[run_name] = {*_option_values(pretrain, "--out"), *_option_values(finetune, "--out")}
+        # fine-tuning starts from this experiment's own pre-training
+        assert _option_values(finetune, "--init") == [f"/runs/{run_name}/pretrain/last"]
+        assert services["finetune"]["environment"]["XMODAL_EXTRA_ARGS"] == "--lr 2e-5 train.grad_accum=2"
+        assert services["pretrain"]["environment"]["XMODAL_EXTRA_ARGS"] == ""
+    assert outputs["baseline"] == {"/runs/baseline/pretrain", "/runs/baseline/vqa"}
+    assert outputs["baseline"].isdisjoint(outputs["lower-lr"])
+
+
+@pytest.mark.parametrize("name", ["pretrain", "finetune"])
+def test_extra_arguments_parse_with_the_stage_command(compose: dict, name: str) -> None:
+    argv = _xmodal_argv(compose["services"][name]) + ["--lr", "3e-5", "train.grad_accum=2"]
+    args = build_parser().parse_args(argv)
+    assert args.lr == 3e-5 and "train.grad_accum=2" in args.overrides

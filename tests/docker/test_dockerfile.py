@@ -124,3 +124,16 @@ def test_hadolint() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_torch_is_pinned_to_the_versions_the_tests_ran_with() -> None:
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    args = dict(arg.split("=", 1) for op, arg in _instructions() if op == "ARG" and "=" in arg)
+    assert args["TORCH_VERSION"] == torch.__version__.split("+")[0]
+    assert args["TORCHVISION_VERSION"] == torchvision.__version__.split("+")[0]
+
+
+def test_a_java_runtime_for_the_caption_metrics() -> None:
+    runs = " ".join(arg for op, arg in _instructions() if op == "RUN")
+    assert re.search(r"apt-get install .*openjdk-\d+-jre-headless", runs), "pycocoevalcap's METEOR/SPICE"

@@ -150,3 +150,13 @@ def test_dirs_says_what_is_missing(tmp_path: Path) -> None:
     env_file.write_text("RUNS_DIR=/tmp\n")
     result = _run(["sh", str(DIRS), str(env_file)], {})
     assert result.returncode == 1 and result.stderr.strip() == f"set FEATURES_DIR in {env_file}"
+
+
+def test_entrypoint_appends_the_extra_arguments_split_at_spaces(tmp_path: Path) -> None:
+    (tmp_path / "match-me").touch()
+    env = {"XMODAL_WRITES": str(tmp_path), "XMODAL_EXTRA_ARGS": "--lr 2e-5  train.grad_accum=2 *"}
+    result = _run(["sh", str(ENTRYPOINT), "printf", "%s|", "a b"], env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "a b|--lr|2e-5|train.grad_accum=2|*|", "split at spaces, never globbed"
+    result = _run(["sh", str(ENTRYPOINT), "printf", "%s|", "a"], {**env, "XMODAL_EXTRA_ARGS": ""})
+    assert result.stdout == "a|"

@@ -224,14 +224,18 @@ _SGD_STEPS = {
 )
 def test_resume_is_exact(tmp_path, recipe):
     straight, first = tmp_path / "straight", tmp_path / "halves"
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, **recipe), straight)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=0, log_every=4, **recipe), straight)
     # crash mid-epoch just after the step-10 checkpoint (8 steps per epoch), with other loader workers
     with pytest.raises(_Crash):
-        fit(CrashingTask(after=10), _cfg(epochs=3, save_every=10, loader_workers=2, **recipe), first)
+        fit(
+            CrashingTask(after=10),
+            _cfg(epochs=3, save_every=10, loader_workers=2, log_every=4, **recipe),
+            first,
+        )
     assert latest_checkpoint(first / "checkpoints").name == "step-10"
     with pytest.raises(FileExistsError, match="--resume"):
         fit(ToyTask(), _cfg(epochs=3, **recipe), first)
-    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, **recipe), first, resume=True)
+    fit(ToyTask(), _cfg(epochs=3, loader_workers=1, log_every=4, **recipe), first, resume=True)
     a, b = _weights(straight / "last"), _weights(first / "last")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
@@ -239,6 +243,8 @@ def test_resume_is_exact(tmp_path, recipe):
     rows_b = [r for r in read_metrics(first / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b]
     assert [r["lr"] for r in rows_a] == [r["lr"] for r in rows_b]
+    # the row of step 12 averages steps 9-12, two of them before the checkpoint: the same means
+    assert [r["loss"] for r in rows_a] == [r["loss"] for r in rows_b]
     assert latest_checkpoint(first / "checkpoints").name == "step-24"
 
 
@@ -325,3 +331,50 @@ def test_clip_value_clamps_each_gradient_element(tmp_path, mode):
     else:
         step = torch.tensor([[800.0, 0.8]]) * (0.1 / math.hypot(800.0, 0.8))
         torch.testing.assert_close(after, start - step)
+
+
+def test_a_resume_with_a_new_learning_rate_is_refused_by_name(tmp_path):
+    fit(ToyTask(), _cfg(max_steps=8, save_every=4), tmp_path)
+    with pytest.raises(ValueError, match=r"train\.lr was 0\.02, now 0\.05") as refused:
+        fit(ToyTask(), _cfg(max_steps=16, lr=0.05), tmp_path, resume=True)
+    assert "train.max_steps" not in str(refused.value), "the run's length may change"
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step-8", "nothing trained"
+    with pytest.raises(ValueError, match=r"train\.optimizer was adamw, now sgd"):
+        fit(ToyTask(), _cfg(max_steps=16, optimizer="sgd"), tmp_path, resume=True)
+
+
+def test_config_yaml_keeps_the_start_and_history_records_each_resume(tmp_path):
+    fit(ToyTask(), _cfg(max_steps=8, save_every=4), tmp_path)
+    before = (tmp_path / "config.yaml").read_text()
+    fit(ToyTask(), _cfg(max_steps=12, log_every=3), tmp_path, resume=True)
+    assert (tmp_path / "config.yaml").read_text() == before, "config.yaml is the run as it began"
+    starts = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert [(s["start"], s["step"]) for s in starts] == [("new", 0), ("resume", 8)]
+    assert starts[1]["changed"] == {
+        "train.max_steps": [8, 12],
+        "train.log_every": [2, 3],
+        "train.save_every": [4, None],
+    }
+    assert starts[1]["config"]["train"]["max_steps"] == 12
+    # a new run in the same directory (no checkpoint yet: the first start failed early) starts afresh
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "history.jsonl").write_text(json.dumps({"config": {"train": {"lr": 9.0}}}) + "\n")
+    fit(ToyTask(), _cfg(max_steps=2), other)
+    (start,) = [json.loads(line) for line in (other / "history.jsonl").read_text().splitlines()]
+    assert start["start"] == "new" and start["changed"] == {} and start["config"]["train"]["lr"] == 0.02
+
+
+def test_a_fork_needs_a_checkpoint_to_go_on_from_and_a_new_run_directory(tmp_path):
+    from pipelines.engine.run_history import fork
+
+    with pytest.raises(ValueError, match=r"^--fork .*: no checkpoint to go on from"):
+        fork(tmp_path / "nothing", tmp_path / "new")
+    fit(ToyTask(), _cfg(max_steps=4), tmp_path / "a")
+    fit(ToyTask(), _cfg(max_steps=4), tmp_path / "b")
+    with pytest.raises(ValueError, match=r"^--out .*b already holds a run \(checkpoint step-4\)"):
+        fork(tmp_path / "a", tmp_path / "b")
+    assert fork(tmp_path / "a", tmp_path / "c") == 4
+    fit(ToyTask(), _cfg(max_steps=8, lr=0.05), tmp_path / "c", resume=True)  # new settings: allowed once
+    with pytest.raises(ValueError, match=r"train\.lr was 0\.05, now 0\.02"):
+        fit(ToyTask(), _cfg(max_steps=12), tmp_path / "c", resume=True)  # then the fork's own are kept

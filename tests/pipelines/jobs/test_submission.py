@@ -149,7 +149,18 @@ def test_submit_without_command_or_reachable_cluster_is_a_clear_error(caplog):
     assert main(["submit", "--address", "http://127.0.0.1:9", "--"]) == 1
     assert "nothing to submit" in caplog.text
     assert (
-        main(["submit", "--address", f"http://127.0.0.1:{free_port()}", "--", "extract", "x", "--out", "y"])
+        main(
+            [
+                "submit",
+                "--address",
+                f"http://127.0.0.1:{free_port()}",
+                "--",
+                "extract",
+                "/data/x",
+                "--out",
+                "/data/y",
+            ]
+        )
         == 1
     )
     assert "127.0.0.1" in caplog.text
@@ -183,7 +194,7 @@ def test_a_jobs_api_that_refuses_the_job_is_one_line_naming_the_address(caplog, 
     threading.Thread(target=server.serve_forever, daemon=True).start()
     address = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert main(["submit", "--address", address, "--", "extract", "x", "--out", "y"]) == 1
+        assert main(["submit", "--address", address, "--", "extract", "/data/x", "--out", "/data/y"]) == 1
     finally:
         server.shutdown()
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -230,6 +241,25 @@ def test_submit_runs_extract_on_the_head_streams_logs_and_returns_its_exit_statu
     reader = FeatureReader(out)
     assert list(reader.keys()) == ["img_000"] and reader["img_000"].num_boxes == 4
     reader.close()
+
+
+@pytest.mark.slow
+def test_a_job_ends_with_where_its_outputs_are_and_they_are_there(ray_head, tmp_path, repo_root):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a red circle left of a blue square\nthe green triangle is small\n" * 20)
+    out = tmp_path / "job" / "vocab.txt"
+    submit = [str(VENV_BIN / "xmodal"), "submit", "--address", ray_head, "--working-dir", str(repo_root)]
+    submit += ["--submission-id", f"xmodal-vocab-{os.getpid()}", "--entrypoint-num-cpus", "0.5"]
+    submit += ["--runtime-env-json", '{"env_vars": {"XMODAL_TEST_MARK": "1"}}']
+    argv = ["vocab", "build", str(corpus), "--out", str(out), "--vocab-size", "60"]
+    proc = subprocess.run(
+        [*submit, "--", *argv], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"submitted Ray Job xmodal-vocab-{os.getpid()}" in proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"Ray Job xmodal-vocab-{os.getpid()} succeeded; outputs on the cluster: {out} ")
+    assert out.read_text().split()[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def test_extract_detector_overrides_are_checked_before_any_work(tmp_path, caplog):

@@ -88,3 +88,12 @@ def test_the_runtime_env_carries_the_planned_excludes(tree):
     upload = plan_upload(tree, include=["*.pt"])
     env = submission.runtime_env(upload)
     assert env["working_dir"] == str(tree) and env["excludes"][-1] == "!*.pt" and ".env" in env["excludes"]
+
+
+def test_a_users_runtime_env_merges_over_ours_but_cannot_move_the_working_dir(tree):
+    upload = plan_upload(tree)
+    env = submission.runtime_env(upload, {"pip": ["emoji"], "env_vars": {"HF_HOME": "/cache"}})
+    assert env["pip"] == ["emoji"] and env["working_dir"] == str(tree)
+    assert env["env_vars"] == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/cache"}
+    with pytest.raises(ValueError, match="working_dir, which xmodal sets from --working-dir"):
+        submission.runtime_env(upload, {"working_dir": "/elsewhere"})

@@ -413,7 +413,7 @@ def test_bad_inputs_name_the_problem(problem, tmp_path):
     assert code == 1
 
 
-def test_resume_continues_the_run(problem, tmp_path):
+def test_resume_continues_the_run(problem, tmp_path, capsys):
     out = tmp_path / "vqa"
     argv = _argv(problem, "vqa", out, "--batch-size", "16", "train.log_every=1", valid=False)
     assert main([*argv, "--max-steps", "2"]) == 0
@@ -421,6 +421,25 @@ def test_resume_continues_the_run(problem, tmp_path):
     assert main([*argv, "--max-steps", "4", "--resume"]) == 0
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert steps == [1, 2, 3, 4]
+    capsys.readouterr()
+    # a rerun with a new learning rate would continue the old run under it: refused, naming it
+    assert main([*argv, "--max-steps", "6", "--resume", "--lr", "0.001"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("xmodal finetune: ") and "train.lr was 5e-05, now 0.001" in line
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4]
+    # asked for, the new rate goes on from the old run's checkpoint in a run directory of its own
+    forked = tmp_path / "vqa-lr"
+    fork_argv = [a if a != str(out) else str(forked) for a in argv]
+    assert main([*fork_argv, "--max-steps", "6", "--fork", str(out), "--lr", "0.001"]) == 0
+    assert [r["step"] for r in read_metrics(forked / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    starts = [json.loads(line) for line in (forked / "history.jsonl").read_text().splitlines()]
+    assert [(s["start"], s["step"]) for s in starts] == [("fork", 4), ("resume", 4)]
+    assert starts[0]["from"] == str(out.resolve())
+    assert starts[1]["changed"] == {"train.lr": [5e-05, 0.001], "train.max_steps": [4, 6]}
+    assert "lr: 0.001" in (forked / "config.yaml").read_text()
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4], (
+        "untouched"
+    )
 
 
 @pytest.mark.slow
@@ -439,7 +458,7 @@ def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path, ra
     assert main(argv) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows if "loss" in r and "valid_accuracy" not in r] == [1, 2]
-    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-2"]
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-2"]
     assert any("valid_consistency" in r for r in rows)
     for d in ("best", "last"):
         assert load_finetuned(out / d).task == "nlvr2"

@@ -1,0 +1,75 @@
+"""Path arguments of a Ray Job: relative outputs and inputs the job could not see are refused before
+anything is sent; uploaded inputs are rewritten relative to the job's working dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.jobs.job_paths import resolve_job_paths
+from pipelines.jobs.upload import plan_upload
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "configs").mkdir(parents=True)
+    (root / "configs" / "run.yaml").write_text("train: {lr: 1.0e-4}\n")
+    (root / "data" / "feats.lmdb").mkdir(parents=True)
+    (root / "data" / "feats.lmdb" / "data.mdb").write_bytes(b"\0" * 16)
+    (root / "data" / "train.json").write_text("[]")
+    return root
+
+
+def test_a_relative_out_is_refused_naming_the_argument(project: Path) -> None:
+    upload = plan_upload(project)
+    with pytest.raises(ValueError, match=r"^--out runs/x is a relative path: .*Ray deletes.*--out /runs/x$"):
+        resolve_job_paths(["finetune", "vqa", "--out", "runs/x"], upload, cwd=project)
+    with pytest.raises(ValueError, match=r"^--out runs/x is a relative path"):
+        resolve_job_paths(["finetune", "vqa", "--out=runs/x"], upload, cwd=project)
+
+
+def test_inputs_left_out_of_the_upload_or_outside_it_are_refused(project: Path, tmp_path: Path) -> None:
+    upload = plan_upload(project)
+    with pytest.raises(
+        ValueError, match=r"^--features data/feats.lmdb: data/feats.lmdb/data.mdb is not uploaded"
+    ):
+        resolve_job_paths(["pretrain", "--features", "data/feats.lmdb"], upload, cwd=project)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "train.json").write_text("[]")
+    with pytest.raises(
+        ValueError, match=r"^--train train.json is .*elsewhere/train.json, outside the uploaded"
+    ):
+        resolve_job_paths(["pretrain", "--train", "train.json"], upload, cwd=elsewhere)
+    with pytest.raises(ValueError, match=r"^task.init \.\./elsewhere is .*outside the uploaded"):
+        resolve_job_paths(["finetune", "vqa", "task.init=../elsewhere"], upload, cwd=project)
+
+
+def test_uploaded_inputs_are_rewritten_for_the_jobs_working_dir(project: Path) -> None:
+    upload = plan_upload(project)
+    argv = ["pretrain", "--config", "run.yaml", "--train", "../data/train.json", "x.json", "--lr", "-1e-5"]
+    argv += ["--features", "/data/f.lmdb", "--out", "/runs/a", "--vocab", "bert-base-uncased", "s3://b/c"]
+    paths = resolve_job_paths(argv, upload, cwd=project / "configs")
+    assert paths.argv == [
+        "pretrain", "--config", "configs/run.yaml", "--train", "data/train.json", "x.json", "--lr", "-1e-5",
+        "--features", "/data/f.lmdb", "--out", "/runs/a", "--vocab", "bert-base-uncased", "s3://b/c",
+    ]  # fmt: skip
+    assert paths.outputs == ["/runs/a"]
+
+
+def test_submit_from_another_folder_is_refused_before_the_upload(
+    project, tmp_path, monkeypatch, caplog, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "feats.lmdb").mkdir()
+    # port 9 (discard) is never a Jobs API: reaching it would be another error than the refusal
+    argv = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(project), "--"]
+    assert main([*argv, "pretrain", "--features", "feats.lmdb", "--out", "/runs/x"]) == 1
+    assert main([*argv, "pretrain", "--features", "/data/f.lmdb", "--out", "runs/x"]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors[0].startswith("--features feats.lmdb is ") and "outside the uploaded folder" in errors[0]
+    assert errors[1].startswith("--out runs/x is a relative path")
+    assert "uploading" not in capsys.readouterr().err, "refused before the upload"
