@@ -226,10 +226,11 @@ class QADataset(Dataset):
         tokenizer,
         answers: AnswerTable,
         max_length: int = 20,
+        cache_dir: str | Path | None = None,
     ) -> None:
         self.examples = list(examples)
         self.features = features
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length)
+        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
         self.pad_id = tokenizer.pad_token_id
         self.answers = answers
         self.labelled = np.array([e.label is not None for e in self.examples], dtype=bool)

@@ -23,6 +23,7 @@ from pipelines.data.captions import (
     load_caption_examples,
 )
 from pipelines.data.image_refs import StoreImages
+from pipelines.data.regions import float_inputs
 from pipelines.engine.trainer import TrainConfig
 from pipelines.scoring.captions import evaluate_captions
 from pipelines.scoring.cider import CiderD
@@ -143,8 +144,14 @@ class CaptionTask(FinetuneTask):
 
     @staticmethod
     def dataset(
-        examples: Sequence, features, tokenizer: Vocabulary, answers, max_length: int
+        examples: Sequence,
+        features,
+        tokenizer: Vocabulary,
+        answers,
+        max_length: int,
+        cache_dir: str | Path | None = None,
     ) -> CaptionDataset:
+        # a word vocabulary's lookups are cheap: no token cache
         return CaptionDataset(examples, features, tokenizer, max_length)
 
     @staticmethod
@@ -164,7 +171,7 @@ class CaptionTask(FinetuneTask):
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         if not self.self_critical:
-            out = model(**{k: batch[k] for k in CAPTION_INPUTS}, labels=batch["labels"])
+            out = model(**float_inputs({k: batch[k] for k in CAPTION_INPUTS}), labels=batch["labels"])
             return out.loss, {}
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
             raise ValueError("self-critical training runs in one process: set train.workers=0")
@@ -177,7 +184,7 @@ class CaptionTask(FinetuneTask):
 
         out = self_critical_loss(
             model,
-            batch["visual_feats"],
+            batch["visual_feats"].float(),
             batch["visual_attention_mask"],
             reward,
             samples_per_image=self.config.scst_samples,
@@ -202,7 +209,9 @@ class CaptionTask(FinetuneTask):
         model.eval()
         predictions: dict = {}
         for batch in batches:
-            beams = beam_search(model, batch["visual_feats"], batch["visual_attention_mask"], beam_size)
+            beams = beam_search(
+                model, batch["visual_feats"].float(), batch["visual_attention_mask"], beam_size
+            )
             predictions.update(
                 zip(batch["ids"], (answers.decode(t) for t in beams.best.tolist()), strict=True)
             )

@@ -103,6 +103,7 @@ class FinetuneTask:
     lr: ClassVar[float]  # the release: batch 32, 4 epochs, warm-up 10 %, clip 5.0 for all; lr per task
     example_noun: ClassVar[str] = "examples"
     primary_metric = "accuracy"
+    token_cache: Path | None = None  # where tokenised text is kept; `finetune()` sets the run's cache/
 
     def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
         if cfg.task != self.name:
@@ -152,8 +153,14 @@ class FinetuneTask:
 
     @staticmethod
     def dataset(
-        examples: Sequence, features, tokenizer, answers: AnswerTable | None, max_length: int
+        examples: Sequence,
+        features,
+        tokenizer,
+        answers: AnswerTable | None,
+        max_length: int,
+        cache_dir: str | Path | None = None,
     ) -> Dataset:
+        """The task's dataset; `cache_dir`: where tokenised text is kept (pipelines.data.token_cache)."""
         raise NotImplementedError
 
     @staticmethod
@@ -283,7 +290,14 @@ class FinetuneTask:
         return self._dataset(self.valid_examples) if self.valid_examples else None
 
     def _dataset(self, examples) -> Dataset:
-        return self.dataset(examples, self.features, self.tokenizer, self.answers, self.config.max_length)
+        return self.dataset(
+            examples,
+            self.features,
+            self.tokenizer,
+            self.answers,
+            self.config.max_length,
+            cache_dir=self.token_cache,
+        )
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         return self.collate_items(items, self.tokenizer.pad_token_id)
