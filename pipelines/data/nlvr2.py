@@ -92,10 +92,11 @@ class NLVR2Dataset(Dataset):
     def __getitems__(self, indices) -> ExampleBatch:
         idx = np.asarray(indices, dtype=np.int64)
         labels = self.labels[idx]
+        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
         return ExampleBatch.read(
             self.features,
-            ids=[self.examples[i].identifier for i in idx],
-            images=[img for i in idx for img in self.examples[i].images],
+            ids=[e.identifier for e in rows],
+            images=[img for e in rows for img in e.images],
             texts=self.texts,
             rows=idx,
             pad_id=self.pad_id,

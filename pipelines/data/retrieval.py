@@ -113,10 +113,11 @@ class CaptionDataset(Dataset):
 
     def __getitems__(self, indices) -> ExampleBatch:
         idx = np.asarray(indices, dtype=np.int64)
+        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
         return ExampleBatch.read(
             self.features,
-            ids=[self.examples[i].caption_id for i in idx],
-            images=[self.examples[i].img_id for i in idx],
+            ids=[e.caption_id for e in rows],
+            images=[e.img_id for e in rows],
             texts=self.texts,
             rows=idx,
             pad_id=self.pad_id,
@@ -150,8 +151,8 @@ class PairDataset(Dataset):
 
     def __getitems__(self, indices) -> ExampleBatch:
         captions, images = np.divmod(np.asarray(indices, dtype=np.int64), len(self.gallery))
-        examples = [self.examples[c] for c in captions]
-        gallery = [self.gallery[i] for i in images]
+        examples = [self.examples[c] for c in captions.tolist()]
+        gallery = [self.gallery[i] for i in images.tolist()]
         labelled = all(ex.label is not None for ex in examples)
         return ExampleBatch.read(
             self.features,
