@@ -13,9 +13,9 @@ from torch.utils.data import Dataset
 
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_json, read_rows
-from pipelines.data.regions import PaddedRegions
 from pipelines.data.text import EncodedTexts
 
+VISUAL_INPUTS = ("visual_feats", "visual_pos", "visual_attention_mask")
 # Training: each caption against its own image and this many others of the batch (the release: 1 + 3).
 CANDIDATES = 4
 
@@ -189,8 +189,8 @@ def collate_candidates(
     candidates: int = CANDIDATES,
 ) -> dict:
     """Each caption against its own image and up to `candidates - 1` other images of the batch, at a
-    random place among them: visual tensors (B, K, N, ...) gathered from the batch's rows (N its largest
-    region set), labels (B,) the own image's index."""
+    random place among them: `candidates` (B, K) rows of the batch's visual tensors (B, N, ...; N its
+    largest region set) to show, gathered by `candidate_inputs`; labels (B,) the own image's index."""
     batch = as_batch(batch, pad_id)
     owners: dict[str, int] = {}
     for i, img in enumerate(batch.images):
@@ -206,11 +206,15 @@ def collate_candidates(
         order = rng.permutation(k)
         labels[i] = int(np.flatnonzero(order == 0)[0])
         rows[i] = chosen[order]
-    regions = batch.regions
-    flat = rows.reshape(-1)
-    shown = PaddedRegions(regions.feats[flat], regions.boxes[flat], regions.valid[flat])
-    out = batch.text_inputs()
-    out.update({name: v.unflatten(0, (batch.size, k)) for name, v in shown.model_inputs().items()})
+    # the batch's own rows travel once; `candidate_inputs` gathers the K per caption on the device
+    out = {**batch.text_inputs(), **batch.regions.model_inputs()}
+    out["candidates"] = torch.from_numpy(rows)
     out["ids"] = batch.ids
     out["labels"] = torch.from_numpy(labels)
     return out
+
+
+def candidate_inputs(batch: dict) -> dict:
+    """A `collate_candidates` batch with its visual tensors gathered per caption: (B, K, N, ...)."""
+    rows = batch["candidates"]
+    return {**batch, **{name: batch[name][rows] for name in VISUAL_INPUTS}}

@@ -16,6 +16,7 @@ from pipelines.data.example_batch import as_batch
 from pipelines.data.retrieval import (
     CaptionDataset,
     PairDataset,
+    candidate_inputs,
     collate_candidates,
     collate_pairs,
     load_retrieval_examples,
@@ -108,3 +109,6 @@ class RetrievalTask(FinetuneTask):
         if batch.labels is None:
             return collate_candidates(batch, pad, rng)
         return collate_pairs(batch, pad)
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        return super().loss(model, candidate_inputs(batch) if "candidates" in batch else batch)

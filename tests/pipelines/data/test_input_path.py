@@ -18,6 +18,7 @@ from pipelines.data.retrieval import CaptionDataset as RetrievalCaptions
 from pipelines.data.retrieval import (
     PairDataset,
     RetrievalExample,
+    candidate_inputs,
     collate_candidates,
     collate_pairs,
     pair_key,
@@ -267,7 +268,9 @@ def test_retrieval_training_batches_equal_the_per_caption_reference(store):
     examples = _retrieval_examples(20)
     data = RetrievalCaptions(examples, reader, tokenizer, max_length=6)
     indices = [4, 11, 2, 19, 7, 1]  # images 4, 4, 2, 5, 0, 1
-    got = collate_candidates(data.__getitems__(indices), tokenizer.pad_token_id, np.random.default_rng(5))
+    sent = collate_candidates(data.__getitems__(indices), tokenizer.pad_token_id, np.random.default_rng(5))
+    assert sent["visual_feats"].shape[0] == len(indices), "each caption's own image travels once"
+    got = candidate_inputs(sent)
     # the reference: the draws of the per-example collation, regions of each chosen image read alone
     rng = np.random.default_rng(5)
     owners: dict[str, int] = {}

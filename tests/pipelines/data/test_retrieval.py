@@ -10,6 +10,7 @@ import pytest
 from pipelines.data.example_batch import ExampleBatch
 from pipelines.data.regions import pad_regions
 from pipelines.data.retrieval import (
+    candidate_inputs,
     collate_candidates,
     collate_pairs,
     load_retrieval_examples,
@@ -67,7 +68,7 @@ def _captions(imgs: list[str], rng: np.random.Generator, pair_with: str | None =
 def test_candidates_hold_the_own_image_once_at_the_label():
     rng = np.random.default_rng(0)
     items = _captions(["i0", "i1", "i1", "i2", "i3", "i4"], rng)
-    batch = collate_candidates(items, 0, np.random.default_rng(1))
+    batch = candidate_inputs(collate_candidates(items, 0, np.random.default_rng(1)))
     assert batch["visual_feats"].shape[:2] == (6, 4) and batch["labels"].shape == (6,)
     for k, img in enumerate(items.images):
         shown = batch["visual_feats"][k, :, 0, 0].numpy()  # each image's features hold its number
