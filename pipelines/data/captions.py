@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import Dataset
 
 from model.files import read_json
+from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.image_refs import image_ref
-from pipelines.data.regions import pad_regions, region_arrays
 from pipelines.data.row_files import DATASETS_SUFFIXES, RowProblems, json_cell, kind_of, read_row_file
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -341,7 +341,8 @@ def load_caption_examples(
 
 
 class CaptionDataset(Dataset):
-    """Images with their regions and their encoded reference captions (`<bos> w… <eos>`)."""
+    """Images with their encoded reference captions (`<bos> w… <eos>`, encoded once), read a micro-batch
+    at a time (`__getitems__`: the regions in one read transaction). Item i: image i alone."""
 
     def __init__(
         self, examples: Sequence[CaptionExample], features, vocab: Vocabulary, max_length: int = MAX_LENGTH
@@ -356,32 +357,42 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, i: int) -> dict:
-        feats, boxes = region_arrays(self.features[self.examples[i].img_id])
-        return {"id": self.examples[i].image_id, "feats": feats, "boxes": boxes, "captions": self.captions[i]}
+    def __getitems__(self, indices) -> ExampleBatch:
+        return ExampleBatch.read(
+            self.features,
+            ids=[self.examples[i].image_id for i in indices],
+            images=[self.examples[i].img_id for i in indices],
+            captions=[self.captions[i] for i in indices],
+        )
+
+    def __getitem__(self, i: int) -> ExampleBatch:
+        return self.__getitems__([i])
 
 
 def collate_captions(
-    items: list[dict], rng: np.random.Generator | None = None, pad_id: int = 0, per_image: int = 1
+    batch: ExampleBatch | list[ExampleBatch],
+    rng: np.random.Generator | None = None,
+    pad_id: int = 0,
+    per_image: int = 1,
 ) -> dict:
-    """Regions padded to the batch's largest set; with references, `per_image` per image (one drawn with
-    `rng`, the first without; several: a run of `per_image` consecutive references from a random start, or
-    draws with replacement when an image has fewer, as self-critical.pytorch's loader) as `input_ids` =
-    caption[:-1] and `labels` = caption[1:], padded with `pad_id`; with `per_image` > 1, `caption_rows`
-    says which image each caption row belongs to."""
-    batch = pad_regions([it["feats"] for it in items], [it["boxes"] for it in items]).model_inputs()
-    batch["ids"] = [it["id"] for it in items]
-    if all(it["captions"] for it in items):
-        chosen = [c for it in items for c in _pick(it["captions"], per_image, rng)]
-        width = max(len(c) for c in chosen)
-        padded = np.full((len(chosen), width), pad_id, dtype=np.int64)
-        for row, caption in enumerate(chosen):
-            padded[row, : len(caption)] = caption
-        batch["input_ids"] = torch.from_numpy(padded[:, :-1])
-        batch["labels"] = torch.from_numpy(padded[:, 1:])
+    """Regions padded to the batch's largest set (features as stored, widened on the device); with
+    references, `per_image` per image (one drawn with `rng`, the first without; several: a run of
+    `per_image` consecutive references from a random start, or draws with replacement when an image has
+    fewer, as self-critical.pytorch's loader) as `input_ids` = caption[:-1] and `labels` = caption[1:],
+    padded with `pad_id`; with `per_image` > 1, `caption_rows` says which image each caption row is of."""
+    batch = as_batch(batch, pad_id)
+    out = batch.regions.model_inputs()
+    out["ids"] = batch.ids
+    if batch.captions is not None and all(batch.captions):
+        chosen = [c for caps in batch.captions for c in _pick(caps, per_image, rng)]
+        lengths = np.array([len(c) for c in chosen])
+        padded = np.full((len(chosen), int(lengths.max())), pad_id, dtype=np.int64)
+        padded[np.arange(padded.shape[1])[None, :] < lengths[:, None]] = np.concatenate(chosen)
+        out["input_ids"] = torch.from_numpy(padded[:, :-1])
+        out["labels"] = torch.from_numpy(padded[:, 1:])
         if per_image > 1:
-            batch["caption_rows"] = torch.arange(len(items)).repeat_interleave(per_image)
-    return batch
+            out["caption_rows"] = torch.arange(len(batch.captions)).repeat_interleave(per_image)
+    return out
 
 
 def _pick(captions: list, count: int, rng: np.random.Generator | None) -> list:

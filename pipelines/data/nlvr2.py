@@ -6,12 +6,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_rows
-from pipelines.data.regions import pad_regions, region_arrays
-from pipelines.data.text import EncodedTexts, pad_text
+from pipelines.data.text import EncodedTexts
 
 
 @dataclass(frozen=True)
@@ -67,36 +68,52 @@ def load_nlvr2_examples(paths: str | Path | Iterable[str | Path]) -> list[NLVR2E
 
 
 class NLVR2Dataset(Dataset):
-    """NLVR2 statements with the regions of both images and (when labelled) the 0/1 label."""
+    """NLVR2 statements read a micro-batch at a time (`__getitems__`): both images of every statement in
+    one read transaction, statements tokenised once (`cache_dir`: kept there, pipelines.data.token_cache).
+    Item i is the batch of statement i alone."""
 
-    def __init__(self, examples: Sequence[NLVR2Example], features, tokenizer, max_length: int = 20) -> None:
+    def __init__(
+        self,
+        examples: Sequence[NLVR2Example],
+        features,
+        tokenizer,
+        max_length: int = 20,
+        cache_dir: str | Path | None = None,
+    ) -> None:
         self.examples = list(examples)
         self.features = features
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length)
+        self.pad_id = tokenizer.pad_token_id
+        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
+        self.labels = np.array([-1 if e.label is None else e.label for e in self.examples], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, i: int) -> dict:
-        ex = self.examples[i]
-        regions = [region_arrays(self.features[img]) for img in ex.images]
-        item = {
-            "id": ex.identifier,
-            "input_ids": self.texts[i],
-            "feats": [f for f, _ in regions],
-            "boxes": [b for _, b in regions],
-        }
-        if ex.label is not None:
-            item["label"] = ex.label
-        return item
+    def __getitems__(self, indices) -> ExampleBatch:
+        idx = np.asarray(indices, dtype=np.int64)
+        labels = self.labels[idx]
+        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
+        return ExampleBatch.read(
+            self.features,
+            ids=[e.identifier for e in rows],
+            images=[img for e in rows for img in e.images],
+            texts=self.texts,
+            rows=idx,
+            pad_id=self.pad_id,
+            labels=labels if (labels >= 0).all() else None,
+        )
+
+    def __getitem__(self, i: int) -> ExampleBatch:
+        return self.__getitems__([i])
 
 
-def collate_nlvr2(items: list[dict], pad_id: int = 0) -> dict:
-    """Stack NLVR2 items: visual tensors are (B, 2, N, ...) with N the batch's largest region set."""
-    batch = pad_text([it["input_ids"] for it in items], pad_id)
-    regions = pad_regions([f for it in items for f in it["feats"]], [b for it in items for b in it["boxes"]])
-    batch.update({k: v.unflatten(0, (len(items), 2)) for k, v in regions.model_inputs().items()})
-    batch["ids"] = [it["id"] for it in items]
-    if all("label" in it for it in items):
-        batch["labels"] = torch.tensor([it["label"] for it in items], dtype=torch.long)
-    return batch
+def collate_nlvr2(batch: ExampleBatch | list[ExampleBatch], pad_id: int = 0) -> dict:
+    """Model inputs of NLVR2 statements: visual tensors are (B, 2, N, ...) with N the batch's largest
+    region set (features as stored, widened on the device); labels (B,) when all are labelled."""
+    batch = as_batch(batch, pad_id)
+    out = batch.text_inputs()
+    out.update({k: v.unflatten(0, (batch.size, 2)) for k, v in batch.regions.model_inputs().items()})
+    out["ids"] = batch.ids
+    if batch.labels is not None:
+        out["labels"] = torch.from_numpy(batch.labels)
+    return out

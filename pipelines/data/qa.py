@@ -226,10 +226,11 @@ class QADataset(Dataset):
         tokenizer,
         answers: AnswerTable,
         max_length: int = 20,
+        cache_dir: str | Path | None = None,
     ) -> None:
         self.examples = list(examples)
         self.features = features
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length)
+        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
         self.pad_id = tokenizer.pad_token_id
         self.answers = answers
         self.labelled = np.array([e.label is not None for e in self.examples], dtype=bool)
@@ -253,11 +254,12 @@ class QADataset(Dataset):
             rows = np.broadcast_to(np.arange(len(idx))[:, None], cols.shape)
             real = cols >= 0
             targets[rows[real], cols[real]] = self.answer_scores[idx][real]
+        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
         return QABatch(
-            ids=[self.examples[i].question_id for i in idx],
+            ids=[e.question_id for e in rows],
             token_ids=self.texts.padded(idx, self.pad_id),
             lengths=self.texts.lengths(idx),
-            regions=read_regions(self.features, [self.examples[i].img_id for i in idx]),
+            regions=read_regions(self.features, [e.img_id for e in rows]),
             targets=targets,
         )
 

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_json, read_rows
-from pipelines.data.regions import pad_regions, region_arrays
-from pipelines.data.text import EncodedTexts, pad_text
+from pipelines.data.text import EncodedTexts
 
+VISUAL_INPUTS = ("visual_feats", "visual_pos", "visual_attention_mask")
 # Training: each caption against its own image and this many others of the batch (the release: 1 + 3).
 CANDIDATES = 4
 
@@ -91,92 +92,129 @@ def load_retrieval_examples(paths: str | Path | Iterable[str | Path]) -> list[Re
 
 
 class CaptionDataset(Dataset):
-    """Training items: a caption with the regions of its image."""
+    """Training captions read a micro-batch at a time (`__getitems__`): their images' regions in one
+    read transaction, captions tokenised once (`cache_dir`: kept there). Item i: caption i alone."""
 
     def __init__(
-        self, examples: Sequence[RetrievalExample], features, tokenizer, max_length: int = 20
+        self,
+        examples: Sequence[RetrievalExample],
+        features,
+        tokenizer,
+        max_length: int = 20,
+        cache_dir: str | Path | None = None,
     ) -> None:
         self.examples = list(examples)
         self.features = features
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length)
+        self.pad_id = tokenizer.pad_token_id
+        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
 
     def __len__(self) -> int:
         return len(self.examples)
 
-    def __getitem__(self, i: int) -> dict:
-        ex = self.examples[i]
-        feats, boxes = region_arrays(self.features[ex.img_id])
-        return {
-            "id": ex.caption_id,
-            "img_id": ex.img_id,
-            "input_ids": self.texts[i],
-            "feats": feats,
-            "boxes": boxes,
-        }
+    def __getitems__(self, indices) -> ExampleBatch:
+        idx = np.asarray(indices, dtype=np.int64)
+        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
+        return ExampleBatch.read(
+            self.features,
+            ids=[e.caption_id for e in rows],
+            images=[e.img_id for e in rows],
+            texts=self.texts,
+            rows=idx,
+            pad_id=self.pad_id,
+        )
+
+    def __getitem__(self, i: int) -> ExampleBatch:
+        return self.__getitems__([i])
 
 
 class PairDataset(Dataset):
-    """Evaluation items: every caption with every image of the split (captions x images pairs), labelled
-    1 where the image is the caption's own when the captions are labelled."""
+    """Evaluation pairs: every caption with every image of the split (captions x images, item
+    `caption * images + image`), labelled 1 where the image is the caption's own when the captions are
+    labelled; read a micro-batch at a time like `CaptionDataset`."""
 
     def __init__(
-        self, examples: Sequence[RetrievalExample], features, tokenizer, max_length: int = 20
+        self,
+        examples: Sequence[RetrievalExample],
+        features,
+        tokenizer,
+        max_length: int = 20,
+        cache_dir: str | Path | None = None,
     ) -> None:
         self.examples = list(examples)
         self.features = features
+        self.pad_id = tokenizer.pad_token_id
         self.gallery = list(dict.fromkeys(e.img_id for e in self.examples))
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length)
+        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
 
     def __len__(self) -> int:
         return len(self.examples) * len(self.gallery)
 
-    def __getitem__(self, i: int) -> dict:
-        caption, image = divmod(i, len(self.gallery))
-        ex, img_id = self.examples[caption], self.gallery[image]
-        feats, boxes = region_arrays(self.features[img_id])
-        item = {
-            "id": pair_key(ex.caption_id, img_id),
-            "input_ids": self.texts[caption],
-            "feats": feats,
-            "boxes": boxes,
-        }
-        if ex.label is not None:
-            item["label"] = int(ex.label == img_id)
-        return item
+    def __getitems__(self, indices) -> ExampleBatch:
+        captions, images = np.divmod(np.asarray(indices, dtype=np.int64), len(self.gallery))
+        examples = [self.examples[c] for c in captions.tolist()]
+        gallery = [self.gallery[i] for i in images.tolist()]
+        labelled = all(ex.label is not None for ex in examples)
+        return ExampleBatch.read(
+            self.features,
+            ids=[pair_key(ex.caption_id, img) for ex, img in zip(examples, gallery, strict=True)],
+            images=gallery,
+            texts=self.texts,
+            rows=captions,
+            pad_id=self.pad_id,
+            labels=np.array(
+                [int(ex.label == img) for ex, img in zip(examples, gallery, strict=True)], dtype=np.int64
+            )
+            if labelled
+            else None,
+        )
+
+    def __getitem__(self, i: int) -> ExampleBatch:
+        return self.__getitems__([i])
 
 
-def collate_pairs(items: list[dict], pad_id: int = 0) -> dict:
-    """Caption-image pairs: visual tensors (B, N, ...), labels (B,) 1 = the caption's own image."""
-    batch = pad_text([it["input_ids"] for it in items], pad_id)
-    batch.update(pad_regions([it["feats"] for it in items], [it["boxes"] for it in items]).model_inputs())
-    batch["ids"] = [it["id"] for it in items]
-    if all("label" in it for it in items):
-        batch["labels"] = torch.tensor([it["label"] for it in items], dtype=torch.long)
-    return batch
+def collate_pairs(batch: ExampleBatch | list[ExampleBatch], pad_id: int = 0) -> dict:
+    """Caption-image pairs: visual tensors (B, N, ...) (features as stored, widened on the device),
+    labels (B,) 1 = the caption's own image."""
+    batch = as_batch(batch, pad_id)
+    out = {**batch.text_inputs(), **batch.regions.model_inputs(), "ids": batch.ids}
+    if batch.labels is not None:
+        out["labels"] = torch.from_numpy(batch.labels)
+    return out
 
 
 def collate_candidates(
-    items: list[dict], pad_id: int, rng: np.random.Generator, candidates: int = CANDIDATES
+    batch: ExampleBatch | list[ExampleBatch],
+    pad_id: int,
+    rng: np.random.Generator,
+    candidates: int = CANDIDATES,
 ) -> dict:
     """Each caption against its own image and up to `candidates - 1` other images of the batch, at a
-    random place among them: visual tensors (B, K, N, ...), labels (B,) the own image's index."""
+    random place among them: `candidates` (B, K) rows of the batch's visual tensors (B, N, ...; N its
+    largest region set) to show, gathered by `candidate_inputs`; labels (B,) the own image's index."""
+    batch = as_batch(batch, pad_id)
     owners: dict[str, int] = {}
-    for i, it in enumerate(items):
-        owners.setdefault(it["img_id"], i)
+    for i, img in enumerate(batch.images):
+        owners.setdefault(img, i)
     k = min(candidates, len(owners))
     if k < 2:
         raise ValueError("a retrieval batch needs captions of at least two images; raise the batch size")
-    feats, boxes, labels = [], [], []
-    for it in items:
-        others = [owners[img] for img in owners if img != it["img_id"]]
-        chosen = [owners[it["img_id"]], *rng.choice(others, size=k - 1, replace=False).tolist()]
+    rows = np.empty((batch.size, k), dtype=np.int64)
+    labels = np.empty(batch.size, dtype=np.int64)
+    for i, img in enumerate(batch.images):
+        others = [owners[other] for other in owners if other != img]
+        chosen = np.array([owners[img], *rng.choice(others, size=k - 1, replace=False).tolist()])
         order = rng.permutation(k)
-        labels.append(int(np.flatnonzero(order == 0)[0]))
-        feats += [items[chosen[j]]["feats"] for j in order]
-        boxes += [items[chosen[j]]["boxes"] for j in order]
-    batch = pad_text([it["input_ids"] for it in items], pad_id)
-    regions = pad_regions(feats, boxes).model_inputs()
-    batch.update({name: v.unflatten(0, (len(items), k)) for name, v in regions.items()})
-    batch["ids"] = [it["id"] for it in items]
-    batch["labels"] = torch.tensor(labels, dtype=torch.long)
-    return batch
+        labels[i] = int(np.flatnonzero(order == 0)[0])
+        rows[i] = chosen[order]
+    # the batch's own rows travel once; `candidate_inputs` gathers the K per caption on the device
+    out = {**batch.text_inputs(), **batch.regions.model_inputs()}
+    out["candidates"] = torch.from_numpy(rows)
+    out["ids"] = batch.ids
+    out["labels"] = torch.from_numpy(labels)
+    return out
+
+
+def candidate_inputs(batch: dict) -> dict:
+    """A `collate_candidates` batch with its visual tensors gathered per caption: (B, K, N, ...)."""
+    rows = batch["candidates"]
+    return {**batch, **{name: batch[name][rows] for name in VISUAL_INPUTS}}

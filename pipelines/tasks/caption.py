@@ -24,6 +24,7 @@ from pipelines.data.captions import (
     load_caption_examples,
 )
 from pipelines.data.image_refs import StoreImages
+from pipelines.data.regions import float_inputs
 from pipelines.engine.trainer import TrainConfig
 from pipelines.scoring.captions import CaptionScores, evaluate_captions, read_caption_results
 from pipelines.scoring.cider import CiderD
@@ -264,8 +265,14 @@ class CaptionTask(FinetuneTask):
 
     @staticmethod
     def dataset(
-        examples: Sequence, features, tokenizer: Vocabulary, answers, max_length: int
+        examples: Sequence,
+        features,
+        tokenizer: Vocabulary,
+        answers,
+        max_length: int,
+        cache_dir: str | Path | None = None,
     ) -> CaptionDataset:
+        # a word vocabulary's lookups are cheap: no token cache
         return CaptionDataset(examples, features, tokenizer, max_length)
 
     @staticmethod
@@ -286,7 +293,7 @@ class CaptionTask(FinetuneTask):
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
         if not self.self_critical:
-            inputs = {k: batch[k] for k in CAPTION_INPUTS}
+            inputs = float_inputs({k: batch[k] for k in CAPTION_INPUTS})
             rows = batch.get("caption_rows")
             if rows is not None:  # several references per image: each caption row reads its image
                 for k in ("visual_feats", "visual_pos", "visual_attention_mask"):
@@ -297,7 +304,7 @@ class CaptionTask(FinetuneTask):
             raise ValueError("self-critical training runs in one process: set train.workers=0")
         out = self_critical_loss(
             model,
-            batch["visual_feats"],
+            batch["visual_feats"].float(),
             batch["visual_attention_mask"],
             self.reward(batch["ids"]),
             samples_per_image=self.config.scst_samples,
@@ -345,7 +352,7 @@ class CaptionTask(FinetuneTask):
         for batch in batches:
             beams = beam_search(
                 model,
-                batch["visual_feats"],
+                batch["visual_feats"].float(),
                 batch["visual_attention_mask"],
                 beam_size,
                 unk_penalty=unk_penalty,

@@ -120,6 +120,7 @@ class FinetuneTask:
     primary_metric = "accuracy"
     evaluators: ClassVar[tuple[str, ...]] = ()  # versions of the official script `score_files` offers
     recipes: ClassVar[tuple[str, ...]] = ()  # named settings `recipe(name)` offers (`--recipe`)
+    token_cache: Path | None = None  # where tokenised text is kept; `finetune()` sets the run's cache/
 
     def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
         if cfg.task != self.name:
@@ -169,8 +170,14 @@ class FinetuneTask:
 
     @staticmethod
     def dataset(
-        examples: Sequence, features, tokenizer, answers: AnswerTable | None, max_length: int
+        examples: Sequence,
+        features,
+        tokenizer,
+        answers: AnswerTable | None,
+        max_length: int,
+        cache_dir: str | Path | None = None,
     ) -> Dataset:
+        """The task's dataset; `cache_dir`: where tokenised text is kept (pipelines.data.token_cache)."""
         raise NotImplementedError
 
     @staticmethod
@@ -306,7 +313,14 @@ class FinetuneTask:
         return self._dataset(self.valid_examples) if self.valid_examples else None
 
     def _dataset(self, examples) -> Dataset:
-        return self.dataset(examples, self.features, self.tokenizer, self.answers, self.config.max_length)
+        return self.dataset(
+            examples,
+            self.features,
+            self.tokenizer,
+            self.answers,
+            self.config.max_length,
+            cache_dir=self.token_cache,
+        )
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         return self.collate_items(items, self.tokenizer.pad_token_id)

@@ -49,6 +49,7 @@ def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dic
         settings = json.loads((latest / RUN_FILE).read_text())
         answers = get_finetune_task(run.task.task).load_outputs(latest, settings)[1]
     task = build_task(run.task, answers=answers)
+    task.token_cache = out_dir / "cache"  # text tokenised once per run, reused by a resumed one
     with ray_for_workers(run.train.workers, run.train.ray_address):
         return fit(task, run.train, out_dir, resume=resume)
 

@@ -40,8 +40,10 @@ class NLVR2Task(FinetuneTask):
         return score_nlvr2_files(predictions, gold)
 
     @staticmethod
-    def dataset(examples: Sequence, features, tokenizer, answers: None, max_length: int) -> NLVR2Dataset:
-        return NLVR2Dataset(examples, features, tokenizer, max_length)
+    def dataset(
+        examples: Sequence, features, tokenizer, answers: None, max_length: int, cache_dir=None
+    ) -> NLVR2Dataset:
+        return NLVR2Dataset(examples, features, tokenizer, max_length, cache_dir)
 
     @staticmethod
     def decode(logits: torch.Tensor, answers: None) -> list[int]:

@@ -36,8 +36,10 @@ class QATask(FinetuneTask):
     collate_items = staticmethod(collate_qa)
 
     @staticmethod
-    def dataset(examples: Sequence, features, tokenizer, answers: AnswerTable, max_length: int) -> QADataset:
-        return QADataset(examples, features, tokenizer, answers, max_length)
+    def dataset(
+        examples: Sequence, features, tokenizer, answers: AnswerTable, max_length: int, cache_dir=None
+    ) -> QADataset:
+        return QADataset(examples, features, tokenizer, answers, max_length, cache_dir)
 
     @staticmethod
     def describe(example) -> dict:

@@ -12,9 +12,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.example_batch import as_batch
 from pipelines.data.retrieval import (
     CaptionDataset,
     PairDataset,
+    candidate_inputs,
     collate_candidates,
     collate_pairs,
     load_retrieval_examples,
@@ -107,18 +109,27 @@ class RetrievalTask(FinetuneTask):
     write_predictions = staticmethod(write_rankings)
 
     @staticmethod
-    def dataset(examples: Sequence, features, tokenizer, answers: None, max_length: int) -> PairDataset:
-        return PairDataset(examples, features, tokenizer, max_length)
+    def dataset(
+        examples: Sequence, features, tokenizer, answers: None, max_length: int, cache_dir=None
+    ) -> PairDataset:
+        return PairDataset(examples, features, tokenizer, max_length, cache_dir)
 
     @staticmethod
     def decode(logits: torch.Tensor, answers: None) -> list[float]:
         return logits[:, 0].tolist()
 
     def train_dataset(self) -> Dataset:
-        return CaptionDataset(self.train_examples, self.features, self.tokenizer, self.config.max_length)
+        return CaptionDataset(
+            self.train_examples, self.features, self.tokenizer, self.config.max_length, self.token_cache
+        )
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         pad = self.tokenizer.pad_token_id
-        if "img_id" in items[0]:  # training captions, each with its own image
-            return collate_candidates(items, pad, rng)
-        return collate_pairs(items, pad)
+        batch = as_batch(items, pad)
+        # training captions carry no pair label; validation pairs always do (unlabelled files are refused)
+        if batch.labels is None:
+            return collate_candidates(batch, pad, rng)
+        return collate_pairs(batch, pad)
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        return super().loss(model, candidate_inputs(batch) if "candidates" in batch else batch)

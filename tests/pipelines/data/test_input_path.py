@@ -10,8 +10,19 @@ import pytest
 import torch
 
 from pipelines.data.answers import AnswerTable
+from pipelines.data.captions import CaptionDataset, CaptionExample, Vocabulary, collate_captions
+from pipelines.data.nlvr2 import NLVR2Dataset, NLVR2Example, collate_nlvr2
 from pipelines.data.qa import QADataset, QAExample, collate_qa, soft_target
 from pipelines.data.regions import normalized_boxes
+from pipelines.data.retrieval import CaptionDataset as RetrievalCaptions
+from pipelines.data.retrieval import (
+    PairDataset,
+    RetrievalExample,
+    candidate_inputs,
+    collate_candidates,
+    collate_pairs,
+    pair_key,
+)
 from pipelines.data.text import EncodedTexts, build_vocab, load_tokenizer
 from pipelines.engine.trainer import BatchDataset
 from pipelines.tasks.pretrain import PretrainConfig, PretrainTask
@@ -192,3 +203,154 @@ def test_token_cache_is_reused_and_invalidated_by_vocab_or_data(tmp_path, store)
     assert json.dumps(changed.padded(np.arange(3), 0).tolist()) != json.dumps(
         first.padded(np.arange(3), 0).tolist()
     )
+
+
+def _reference_regions(reader, img_ids: list[str], slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each record read alone, widened to float32 and padded in a loop: (feats, boxes, valid counts)."""
+    feats = np.zeros((len(img_ids), slots, DIM), np.float32)
+    pos = np.zeros((len(img_ids), slots, 4), np.float32)
+    for k, img in enumerate(img_ids):
+        rec = reader[img]
+        feats[k, : rec.num_boxes] = rec.features
+        pos[k, : rec.num_boxes] = normalized_boxes(rec)
+    return feats, pos, np.array([reader[i].num_boxes for i in img_ids])
+
+
+def _reference_text(tokenizer, sents: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = [tokenizer(s, truncation=True, max_length=max_length)["input_ids"] for s in sents]
+    out = np.zeros((len(ids), max(map(len, ids))), np.int64)
+    for k, t in enumerate(ids):
+        out[k, : len(t)] = t
+    return out, (out != 0).astype(np.int64)
+
+
+def _assert_visual(got: dict, feats: np.ndarray, pos: np.ndarray, counts: np.ndarray) -> None:
+    assert got["visual_feats"].dtype == torch.float16, "features stay as stored until the device"
+    shape = got["visual_feats"].shape[:-2]
+    np.testing.assert_array_equal(
+        got["visual_feats"].float().numpy(), feats.reshape(*shape, *feats.shape[1:])
+    )
+    np.testing.assert_array_equal(got["visual_pos"].numpy(), pos.reshape(*shape, *pos.shape[1:]))
+    np.testing.assert_array_equal(got["visual_attention_mask"].numpy().sum(-1), counts.reshape(shape))
+
+
+SENTS = ["what color is the dog", "how many cats are on the red table", "is it blue", "the dog is red"]
+
+
+def test_nlvr2_batches_equal_the_per_statement_reference(store):
+    path, tokenizer = store
+    reader = FeatureReader(path)
+    examples = [
+        NLVR2Example(f"s{i}", f"im{i % 12}", f"im{(5 * i + 1) % 12}", SENTS[i % 4], i % 2) for i in range(15)
+    ]
+    data = NLVR2Dataset(examples, reader, tokenizer, max_length=6)
+    indices = [3, 14, 0, 3, 9]
+    got = collate_nlvr2(data.__getitems__(indices), tokenizer.pad_token_id)
+    imgs = [img for i in indices for img in examples[i].images]
+    slots = max(reader[i].num_boxes for i in imgs)
+    _assert_visual(got, *_reference_regions(reader, imgs, slots))
+    ids, mask = _reference_text(tokenizer, [examples[i].sent for i in indices], 6)
+    np.testing.assert_array_equal(got["input_ids"].numpy(), ids)
+    np.testing.assert_array_equal(got["attention_mask"].numpy(), mask)
+    assert got["labels"].tolist() == [i % 2 for i in indices] and got["ids"] == [f"s{i}" for i in indices]
+    joined = collate_nlvr2([data[i] for i in indices], tokenizer.pad_token_id)
+    for key in ("input_ids", "attention_mask", "visual_feats", "visual_pos", "labels"):
+        assert torch.equal(joined[key], got[key]), key
+
+
+def _retrieval_examples(n: int) -> list[RetrievalExample]:
+    return [RetrievalExample(f"im{i % 7}#{i}", f"im{i % 7}", SENTS[i % 4], f"im{i % 7}") for i in range(n)]
+
+
+def test_retrieval_training_batches_equal_the_per_caption_reference(store):
+    path, tokenizer = store
+    reader = FeatureReader(path)
+    examples = _retrieval_examples(20)
+    data = RetrievalCaptions(examples, reader, tokenizer, max_length=6)
+    indices = [4, 11, 2, 19, 7, 1]  # images 4, 4, 2, 5, 0, 1
+    sent = collate_candidates(data.__getitems__(indices), tokenizer.pad_token_id, np.random.default_rng(5))
+    assert sent["visual_feats"].shape[0] == len(indices), "each caption's own image travels once"
+    got = candidate_inputs(sent)
+    # the reference: the draws of the per-example collation, regions of each chosen image read alone
+    rng = np.random.default_rng(5)
+    owners: dict[str, int] = {}
+    for k, i in enumerate(indices):
+        owners.setdefault(examples[i].img_id, k)
+    shown, labels = [], []
+    for i in indices:
+        own = examples[i].img_id
+        others = [owners[img] for img in owners if img != own]
+        chosen = [owners[own], *rng.choice(others, size=3, replace=False).tolist()]
+        order = rng.permutation(4)
+        labels.append(int(np.flatnonzero(order == 0)[0]))
+        shown += [examples[indices[chosen[j]]].img_id for j in order]
+    slots = max(reader[examples[i].img_id].num_boxes for i in indices)  # the batch's widest set
+    _assert_visual(got, *_reference_regions(reader, shown, slots))
+    assert got["labels"].tolist() == labels
+    ids, mask = _reference_text(tokenizer, [examples[i].sent for i in indices], 6)
+    np.testing.assert_array_equal(got["input_ids"].numpy(), ids)
+    np.testing.assert_array_equal(got["attention_mask"].numpy(), mask)
+
+
+def test_retrieval_pairs_equal_the_per_pair_reference(store):
+    path, tokenizer = store
+    reader = FeatureReader(path)
+    examples = _retrieval_examples(9)
+    data = PairDataset(examples, reader, tokenizer, max_length=6)
+    assert len(data) == 9 * 7
+    indices = [0, 8, 15, 62, 30]
+    got = collate_pairs(data.__getitems__(indices), tokenizer.pad_token_id)
+    pairs = [(examples[i // 7], data.gallery[i % 7]) for i in indices]
+    slots = max(reader[img].num_boxes for _, img in pairs)
+    _assert_visual(got, *_reference_regions(reader, [img for _, img in pairs], slots))
+    assert got["ids"] == [pair_key(ex.caption_id, img) for ex, img in pairs]
+    assert got["labels"].tolist() == [int(ex.label == img) for ex, img in pairs]
+    ids, _ = _reference_text(tokenizer, [ex.sent for ex, _ in pairs], 6)
+    np.testing.assert_array_equal(got["input_ids"].numpy(), ids)
+
+
+def test_caption_batches_equal_the_per_image_reference(store):
+    path, _ = store
+    reader = FeatureReader(path)
+    vocab = Vocabulary(["a", "dog", "red", "cat"])
+    words = [("a", "dog"), ("a", "red", "cat", "sat"), ("dog",), ("red", "red", "dog", "a", "cat")]
+    examples = [
+        CaptionExample(i, f"im{i}", tuple(words[(i + j) % 4] for j in range(1 + i % 3))) for i in range(10)
+    ]
+    data = CaptionDataset(examples, reader, vocab, max_length=4)
+    indices = [6, 1, 9, 1]
+    got = collate_captions(data.__getitems__(indices), np.random.default_rng(2), vocab.pad_id)
+    rng = np.random.default_rng(2)
+    chosen = [vocab.encode(c[int(rng.integers(len(c)))], 4) for c in (examples[i].label for i in indices)]
+    padded = np.zeros((len(chosen), max(map(len, chosen))), np.int64)
+    for k, c in enumerate(chosen):
+        padded[k, : len(c)] = c
+    np.testing.assert_array_equal(got["input_ids"].numpy(), padded[:, :-1])
+    np.testing.assert_array_equal(got["labels"].numpy(), padded[:, 1:])
+    imgs = [f"im{i}" for i in indices]
+    _assert_visual(got, *_reference_regions(reader, imgs, max(reader[i].num_boxes for i in imgs)))
+    assert got["ids"] == indices
+
+
+def _nlvr2_batches(data, workers: int, indices: list[int]) -> list[dict]:
+    order = np.random.default_rng([0, 0, 2]).permutation(len(data))
+    batches = BatchDataset(data, collate_nlvr2, order, 4, (0, 0, 2))
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=indices, num_workers=workers)
+    return list(loader)
+
+
+def test_finetune_batches_do_not_depend_on_workers_or_resume(store, tmp_path):
+    path, tokenizer = store
+    examples = [
+        NLVR2Example(f"s{i}", f"im{i % 12}", f"im{(i + 3) % 12}", SENTS[i % 4], i % 2) for i in range(18)
+    ]
+    counting = _Counting(tokenizer)
+    data = NLVR2Dataset(examples, FeatureReader(path), counting, 6, cache_dir=tmp_path / "cache")
+    NLVR2Dataset(examples, FeatureReader(path), counting, 6, cache_dir=tmp_path / "cache")
+    assert counting.calls == 1, "the second run read the statements' ids from the run's cache"
+    every = list(range(5))
+    alone = _nlvr2_batches(data, 0, every)
+    for a, b in zip(alone, _nlvr2_batches(data, 2, every), strict=True):
+        _assert_same(a, b)
+    for a, b in zip(alone[3:], _nlvr2_batches(data, 1, every[3:]), strict=True):  # resumed at batch 3
+        _assert_same(a, b)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from pipelines.data.example_batch import ExampleBatch
 from pipelines.data.nlvr2 import collate_nlvr2, load_nlvr2_examples
+from pipelines.data.regions import pad_regions
 
 
 def test_nlvr2_json_lines_with_official_string_labels(tmp_path):
@@ -24,33 +26,27 @@ def test_nlvr2_json_lines_with_official_string_labels(tmp_path):
         load_nlvr2_examples(path)
 
 
-def _item(n_tokens: int, n_boxes: int, dim: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        "id": seed,
-        "input_ids": np.arange(1, n_tokens + 1, dtype=np.int64),
-        "feats": rng.random((n_boxes, dim), dtype=np.float32),
-        "boxes": rng.random((n_boxes, 4), dtype=np.float32),
-        "target": np.full(3, seed, np.float32),
-    }
+def _statement(s: int) -> ExampleBatch:
+    """Statement s alone: s + 2 tokens; its left image s + 1 regions, its right one 3, features of 4 dims."""
+    rng = np.random.default_rng(s)
+    feats = [rng.random((n, 4), dtype=np.float32) for n in (1 + s, 3)]
+    boxes = [rng.random((n, 4), dtype=np.float32) for n in (1 + s, 3)]
+    return ExampleBatch(
+        ids=[f"i{s}"],
+        images=[f"l{s}", f"r{s}"],
+        regions=pad_regions(feats, boxes),
+        token_ids=np.arange(1, s + 3, dtype=np.int64)[None, :],
+        lengths=np.array([s + 2]),
+        labels=np.array([s % 2]),
+    )
 
 
 def test_collate_nlvr2_keeps_each_pair_together():
-    items = []
-    for s in range(3):
-        a, b = _item(2 + s, 1 + s, 4, 10 * s), _item(2, 3, 4, 10 * s + 1)
-        items.append(
-            {
-                "id": f"i{s}",
-                "input_ids": a["input_ids"],
-                "feats": [a["feats"], b["feats"]],
-                "boxes": [a["boxes"], b["boxes"]],
-                "label": s % 2,
-            }
-        )
+    items = [_statement(s) for s in range(3)]
     batch = collate_nlvr2(items)
     assert batch["visual_feats"].shape == (3, 2, 3, 4)
     assert batch["visual_attention_mask"][:, 0].sum(dim=1).tolist() == [1, 2, 3]
     assert batch["visual_attention_mask"][:, 1].sum(dim=1).tolist() == [3, 3, 3]
-    assert torch.equal(batch["visual_feats"][2, 1], torch.from_numpy(items[2]["feats"][1]))
-    assert batch["labels"].tolist() == [0, 1, 0]
+    assert torch.equal(batch["visual_feats"][2, 1], torch.from_numpy(items[2].regions.feats[1]))
+    assert batch["attention_mask"].sum(dim=1).tolist() == [2, 3, 4]
+    assert batch["labels"].tolist() == [0, 1, 0] and batch["ids"] == ["i0", "i1", "i2"]
