@@ -14,7 +14,14 @@ import numpy as np
 from storage import codec
 from storage.batch import Allocator, RegionBatch, fill_batch
 from storage.btree import BrokenPage, TreeWalk
-from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
+from storage.contents import contents_lie
+from storage.environment import (
+    StoreDamagedError,
+    broken_tree,
+    lmdb_failure,
+    open_environment,
+    walk_store,
+)
 from storage.errors import StoreError, StoreFormatError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta
 from storage.records import RegionFeatures
@@ -56,12 +63,30 @@ class _Shard:
         self._walk: TreeWalk | None = None
         self._walk_values = False
         try:
-            self.meta = self.read_meta()
-            # a few reads per thousand records: tells a damaged page from a missing id on every lookup
-            self.tree()
+            self.lie = self._open_checks()
         except StoreError:
             self.env.close()
             raise
+
+    def _open_checks(self) -> str | None:
+        """Read the metadata and walk the records tree in one read transaction (a live writer changes
+        neither meanwhile); the one-line error when the metadata lies about the records (storage.contents),
+        else None. A store with broken pages is not sampled: its reads report the damage."""
+        with self.begin(buffers=True) as txn:
+            self.meta = self._meta_in(txn)
+            # a few reads per thousand records: tells a damaged page from a missing id on every lookup
+            self._walk = walk_store(self.path, txn.id())
+            self.broken = self._walk.broken
+            if self.broken:
+                return None
+
+            def value_of(key: bytes) -> memoryview | None:
+                try:
+                    return txn.get(key, db=self.records)
+                except lmdb.Error:
+                    return None  # a broken value page: reading that record reports it, `verify` lists it
+
+            return contents_lie(self.path, self.meta, self._walk.keys, value_of)
 
     def tree(self, values: bool = False) -> TreeWalk:
         """The walk of the records tree (storage.btree), made once; `values` also checks value pages."""
@@ -119,10 +144,13 @@ class _Shard:
 
     def read_meta(self) -> dict:
         with self.begin() as txn:
-            try:
-                raw = txn.get(META_KEY, db=self.meta_db)
-            except lmdb.Error as exc:
-                raise lmdb_failure(self.path, exc, "reading its metadata", whole=True) from exc
+            return self._meta_in(txn)
+
+    def _meta_in(self, txn: lmdb.Transaction) -> dict:
+        try:
+            raw = txn.get(META_KEY, db=self.meta_db)
+        except lmdb.Error as exc:
+            raise lmdb_failure(self.path, exc, "reading its metadata", whole=True) from exc
         return decode_meta(raw, self.path)
 
 
@@ -195,7 +223,9 @@ class FeatureReader:
     opened the environment: the first one, or the one whose `lock=True` reopened it.
 
     A truncated, emptied or damaged store raises StoreDamagedError (never a crash signal, never a
-    missing id). `validate=True` checks each record read (storage.validate) and raises BadRecordError
+    missing id), as does one whose metadata record disagrees with its records (storage.contents; pass
+    `check_contents=False` to read it anyway, as `verify` does to list what disagrees).
+    `validate=True` checks each record read (storage.validate) and raises BadRecordError
     naming it; `skip_bad=True` also logs each bad record once, keeps it in `skipped` (this process's
     reads) and makes `get` return the default for it.
     """
@@ -207,6 +237,7 @@ class FeatureReader:
         readahead: bool = False,
         validate: bool = False,
         skip_bad: bool = False,
+        check_contents: bool = True,
     ) -> None:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -217,6 +248,7 @@ class FeatureReader:
         self.readahead = readahead
         self.validate = validate or skip_bad
         self.skip_bad = skip_bad
+        self.check_contents = check_contents
         self.skipped: dict[str, str] = {}  # img_id -> reason, for the bad records this process skipped
         self._limits: list[RecordLimits] = []
         self._generation = -1
@@ -229,6 +261,7 @@ class FeatureReader:
             "readahead": self.readahead,
             "validate": self.validate,
             "skip_bad": self.skip_bad,
+            "check_contents": self.check_contents,
             "sets": self._sets,
         }
 
@@ -248,6 +281,9 @@ class FeatureReader:
 
     def _open(self) -> list[_Shard]:
         shards = [_shard(p, self.lock, self.readahead) for p in self.paths]
+        for shard in shards:
+            if shard.lie is not None and self.check_contents:
+                raise StoreDamagedError(shard.lie)
         first = shards[0].meta
         for shard in shards[1:]:
             for key in ("feature_dim", "dtype"):

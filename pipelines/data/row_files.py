@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model.files import JSON_LIMIT, regular_file
+
 MAX_LISTED = 8  # rows named in one refusal; the rest are counted
 DATASETS_SUFFIXES = frozenset({".parquet", ".arrow"})
 
@@ -87,7 +89,14 @@ def read_row_file(path: str | Path) -> list[Row]:
     `save_to_disk` folders through HF `datasets`, otherwise JSON (a list of objects, an object with one
     list of objects such as {"questions": [...]}, or one object per line)."""
     path = Path(path)
-    if path.is_dir() or path.suffix.lower() in DATASETS_SUFFIXES:
+    if path.is_dir():
+        return _read_with_datasets(path)
+    try:
+        # a FIFO, a device or a huge file would hang or exhaust memory before any row is read
+        regular_file(path, "row file", JSON_LIMIT)
+    except ValueError as exc:
+        raise RowFileError(str(exc)) from None
+    if path.suffix.lower() in DATASETS_SUFFIXES:
         return _read_with_datasets(path)
     try:
         raw = path.read_bytes()
@@ -116,7 +125,7 @@ def _read_json(path: Path, text: str) -> list[Row]:
 def _is_one_document(text: str) -> bool:
     try:
         json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return False
     return True
 
@@ -127,6 +136,8 @@ def _read_json_document(path: Path, text: str) -> list[Row]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RowFileError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg}); fix the file") from exc
+    except RecursionError:
+        raise RowFileError(f"{path}: JSON nested too deeply to read; fix the file") from None
     if isinstance(data, dict):
         lists = [k for k, v in data.items() if isinstance(v, list) and v and isinstance(v[0], dict)]
         if len(lists) != 1:
@@ -193,6 +204,9 @@ def _read_json_lines(path: Path, text: str) -> list[Row]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             problems.add(f"line {n}", f"not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        except RecursionError:
+            problems.add(f"line {n}", "JSON nested too deeply to read")
             continue
         if not isinstance(item, dict):
             problems.add(f"line {n}", f"{kind_of(item)}, not an object")

@@ -6,6 +6,7 @@ training process (~40 MB per pre-training batch of 256); one already there is se
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -13,11 +14,22 @@ from torch.utils.data import get_worker_info
 
 from storage.batch import Allocator
 
+SHM_DIR = "/dev/shm"
+
 
 def shared_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A zero-filled array in a fresh torch shared-memory block (the kernel zeroes new pages)."""
+    """A zero-filled array in a fresh torch shared-memory block (the kernel zeroes new pages). A block
+    larger than the free shared memory is refused: its pages would be granted lazily and the first write
+    past the free space kills the worker with SIGBUS."""
     torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    free = _shm_free()
+    if free is not None and nbytes > free:
+        raise ValueError(
+            f"a batch array of shape {tuple(shape)} ({nbytes} bytes) exceeds the {free} bytes free in "
+            f"{SHM_DIR}: lower train.batch_size or train.loader_workers, or enlarge {SHM_DIR} "
+            "(docker run --shm-size)"
+        )
     storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
     return torch.empty(0, dtype=torch_dtype).set_(storage, 0, shape).numpy()
 
@@ -40,3 +52,12 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
     ):
         return base.view(array.shape)
     return torch.from_numpy(array)
+
+
+def _shm_free() -> int | None:
+    """Bytes free in the shared-memory file system, None where there is none to ask."""
+    try:
+        info = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize

@@ -66,13 +66,15 @@ def _finetune(data: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _refused(argv: list[str], capsys, caplog, needle: str) -> None:
+def _refused(argv: list[str], capsys, caplog, needle: str) -> list[str]:
     """`xmodal argv` in this process: exit 1, and the error is one line holding `needle`."""
     assert main(argv) == 1
-    text = capsys.readouterr().err + "\n" + caplog.text
+    captured = capsys.readouterr()
+    text = captured.err + "\n" + captured.out + "\n" + caplog.text
     assert "Traceback" not in text
     lines = [line for line in text.splitlines() if needle in line]
     assert lines, f"no line names {needle!r}:\n{text}"
+    return lines
 
 
 def _refused_subprocess(argv: list[str], needle: str, stdin: str | None = None) -> None:
@@ -252,6 +254,123 @@ def test_store_metadata_that_lies(data, tmp_path, capsys, caplog):
     argv = [str(lie) if a == str(data / "f.lmdb") else a for a in _finetune(data, tmp_path / "run")]
     _refused(argv, capsys, caplog, "feature_dim='abc'")
     _refused(["features", "info", str(lie)], capsys, caplog, "feature_dim='abc'")
+
+
+def _lie(src: Path, dst: Path, **change) -> Path:
+    """A copy of store `src` whose metadata record says `change` (its records are untouched)."""
+    import shutil
+
+    import lmdb
+
+    shutil.copytree(src, dst)
+    env = lmdb.open(str(dst), max_dbs=4, subdir=True)
+    db = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(b"meta", db=db))
+        txn.put(b"meta", json.dumps({**meta, **change}).encode(), db=db)
+    env.close()
+    return dst
+
+
+LIES = {
+    "feature_dim": ({"feature_dim": 65536}, "holds 16-d features"),
+    "dtype": ({"dtype": "float16"}, "holds float32 features"),
+    "max_boxes": ({"max_boxes": 2}, "holds 3 boxes"),
+    "count": ({"count": 10**12}, "it holds 8 records"),
+}
+
+
+@pytest.fixture(scope="module")
+def lies(data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lies")
+    return {
+        name: _lie(data / "f.lmdb", root / f"{name}.lmdb", **change) for name, (change, _) in LIES.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tuned") / "run"
+    assert main(_finetune(data, out)) == 0
+    return out / "last"
+
+
+def _store_commands(data: Path, store: Path, tmp: Path, checkpoint) -> dict[str, list[str]]:
+    from PIL import Image
+
+    Image.new("RGB", (100, 100)).save(tmp / "img0.jpg")
+    (tmp / "imgs").mkdir()
+    Image.new("RGB", (32, 32)).save(tmp / "imgs" / "img0.jpg")
+    finetune = _finetune(data, tmp / "run")
+    captions = [{"img_id": f"img{i}", "caption": "a red thing"} for i in range(8)]
+    (tmp / "captions.json").write_text(json.dumps(captions))
+    sentences = [{"img_id": f"img{i}", "sentf": {"mscoco": ["what color is the ?"]}} for i in range(8)]
+    (tmp / "pretrain.json").write_text(json.dumps(sentences))
+    return {
+        "finetune": [str(store) if a == str(data / "f.lmdb") else a for a in finetune],
+        "pretrain": [
+            "pretrain", "--features", str(store), "--train", str(tmp / "pretrain.json"),
+            "--vocab", str(data / "vocab.txt"), "--out", str(tmp / "pre"), "--max-steps", "1",
+            "task.preset=tiny", "train.batch_size=2", "train.loader_workers=0", "train.trackers=[]",
+        ],
+        "caption": [
+            "finetune", "caption", "--features", str(store), "--train", str(tmp / "captions.json"),
+            "--vocab", str(data / "vocab.txt"), "--out", str(tmp / "cap"), "--max-steps", "1",
+            "train.batch_size=2", "train.loader_workers=0", "train.trackers=[]",
+        ],
+        "evaluate": [
+            "evaluate", "vqa", "--checkpoint", str(checkpoint),
+            "--features", str(store), "--split", str(data / "train.json"), "--out", str(tmp / "pred.json"),
+        ],
+        "info": ["features", "info", str(store)],
+        "ls": ["features", "ls", str(store)],
+        "verify": ["features", "verify", str(store)],
+        "show": ["features", "show", str(store), "img0", "--image", str(tmp / "img0.jpg"),
+                 "--out", str(tmp / "shown.png")],
+        "export": ["features", "export", str(store), str(tmp / "out.tsv")],
+        "extract": ["extract", str(tmp / "imgs"), "--out", str(store), "--preset", "c4-small"],
+    }  # fmt: skip
+
+
+STORE_COMMANDS = [
+    "finetune",
+    "pretrain",
+    "caption",
+    "evaluate",
+    "info",
+    "ls",
+    "verify",
+    "show",
+    "export",
+    "extract",
+]
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS)
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_store_whose_metadata_lies_about_its_records(
+    command, lie, data, lies, request, tmp_path, capsys, caplog
+):
+    """Every command that reads a store stops on the same line (storage.contents), before any work."""
+    store = lies[lie]
+    if command == "evaluate" and lie != "count":
+        pytest.skip("one lie suffices for evaluate, which needs a fine-tuned checkpoint first")
+    model = request.getfixturevalue("checkpoint") if command == "evaluate" else None
+    argv = _store_commands(data, store, tmp_path, model)[command]
+    claim = LIES[lie][0]
+    key, value = next(iter(claim.items()))
+    lines = _refused(
+        argv, capsys, caplog, f"store {store} is damaged: its metadata record says {key}={value} but"
+    )
+    assert LIES[lie][1] in lines[0] and f"xmodal features verify {store}" in lines[0]
+
+
+def test_lying_store_with_loader_workers_is_one_line_not_a_signal(data, lies, tmp_path):
+    """The batched read path (FeatureReader.read_batch in DataLoader workers) never meets a lying store."""
+    store = lies["feature_dim"]
+    argv = [str(store) if a == str(data / "f.lmdb") else a for a in _finetune(data, tmp_path / "run")]
+    argv = [a for a in argv if a != "train.loader_workers=0"] + ["train.loader_workers=2"]
+    _refused_subprocess(argv, "its metadata record says feature_dim=65536 but record 'img0' holds 16-d")
 
 
 # ---- every field of the training, task, model and detector configs, with values of the wrong kind

@@ -1,0 +1,54 @@
+"""The one check every reader of a store runs on opening it: does the metadata record tell the truth
+about what the store holds (its count, and the dtype, feature size and box count of records sampled
+across it)? Shapes taken from a lying metadata record would size batches, models and shared memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from storage import codec
+from storage.errors import CorruptRecordError
+
+SAMPLES = 16  # records whose headers are read on open: first, last and evenly between (a few µs each)
+
+
+def sample_keys(keys: Sequence[bytes], samples: int = SAMPLES) -> list[bytes]:
+    """Up to `samples` of `keys`, first and last included, evenly spaced."""
+    if len(keys) <= samples:
+        return list(keys)
+    step = (len(keys) - 1) / (samples - 1)
+    return [keys[round(i * step)] for i in range(samples)]
+
+
+def contents_lie(
+    path: Path, meta: dict, keys: Sequence[bytes], value_of: Callable[[bytes], object | None]
+) -> str | None:
+    """The one-line error for a store whose metadata disagrees with what it holds, or None. `keys`: every
+    key of the records tree (as walked in the same read transaction as `meta`); `value_of(key)`: the
+    stored value. A sampled record whose own header is corrupt is left to the reads (and `verify`)."""
+
+    def lie(claim: str, truth: str) -> str:
+        return (
+            f"store {path} is damaged: its metadata record says {claim} but {truth}; run "
+            f"`xmodal features verify {path}`, then re-extract or re-import it"
+        )
+
+    if meta["count"] != len(keys):
+        return lie(f"count={meta['count']}", f"it holds {len(keys)} records")
+    for key in sample_keys(keys):
+        value = value_of(key)
+        if value is None:
+            continue
+        try:
+            dtype, _, n, d, *_ = codec.read_header(value, key)
+        except CorruptRecordError:
+            continue
+        where = f"record {key.decode('utf-8', 'replace')!r} holds"
+        if dtype.name != meta["dtype"]:
+            return lie(f"dtype={meta['dtype']}", f"{where} {dtype.name} features")
+        if d != meta["feature_dim"]:
+            return lie(f"feature_dim={meta['feature_dim']}", f"{where} {d}-d features")
+        if n > meta["max_boxes"]:
+            return lie(f"max_boxes={meta['max_boxes']}", f"{where} {n} boxes")
+    return None
