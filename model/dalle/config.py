@@ -49,8 +49,8 @@ class DVAEConfig(PresetConfig):
     kl_anneal_steps: int = 5_000
     # Pixels are mapped into (eps, 1 - eps) so the logit-Laplace density is finite (openai/DALL-E map_pixels).
     logit_laplace_eps: float = 0.1
-    # "logit-laplace": the paper's likelihood. "mse": squared error of the decoded pixels, which on small
-    # data and short runs keeps codes in use where the logit-Laplace's sign-only gradient collapses them.
+    # "logit-laplace": the paper's likelihood. "mse": squared error of the decoded pixels (in a 200-step
+    # run on four 16 x 16 images only mse used the codes; the logit-Laplace run collapsed to 2 of 13).
     reconstruction_loss: str = "logit-laplace"
 
     def __post_init__(self) -> None:
