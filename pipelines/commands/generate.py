@@ -1,4 +1,4 @@
-"""`xmodal generate`: DALL-E's stages; `train-tokenizer` trains the discrete VAE on an image folder."""
+"""`xmodal generate`: DALL-E's stages: `train-tokenizer` (the dVAE), `tokenize` (token grids into a store)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_overrides_argument(tok, "config overrides, e.g. task.dvae.codebook_size=1024")
 
+    tz = sub.add_parser(
+        "tokenize",
+        help="extract the images' token grids into an image-token store",
+        description="encode every image of a folder with a trained dVAE into an image-token store (one "
+        "record per image: its token grid); an existing store is resumed, ids already in it are skipped",
+    )
+    tz.add_argument("--images", required=True, help="image folder or list file")
+    tz.add_argument("--tokenizer", required=True, help="train-tokenizer run (its best/) or dVAE directory")
+    tz.add_argument("--out", required=True, help="image-token store directory")
+    tz.add_argument("--batch-size", type=int, default=64, help="images encoded at once")
+
 
 def resolve_tokenizer_config(args: argparse.Namespace):
     """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
@@ -67,7 +78,23 @@ def resolve_tokenizer_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"train-tokenizer": _train_tokenizer}[args.action](args)
+    return {"train-tokenizer": _train_tokenizer, "tokenize": _tokenize}[args.action](args)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from pipelines.jobs.tokenize import tokenize_images
+    from storage.errors import StoreError
+
+    try:
+        s = tokenize_images(args.images, args.tokenizer, args.out, args.batch_size)
+    except (ValueError, KeyError, OSError, StoreError) as exc:
+        print(f"xmodal generate tokenize: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    print(
+        f"{s.written} token grids written, {s.skipped_present} already stored, {s.failed} unreadable "
+        f"(see errors.jsonl) of {s.total} images: {args.out}"
+    )
+    return 0
 
 
 def _train_tokenizer(args: argparse.Namespace) -> int:

@@ -148,3 +148,12 @@ class TokenizerTask:
 
 def _unwrap(model: nn.Module) -> AnnealedDVAE:
     return getattr(model, "module", model)
+
+
+def load_tokenizer(path: str | Path) -> DiscreteVAE:
+    """The dVAE of a tokenizer run (its best/, else last/) or of a dVAE directory."""
+    path = Path(path)
+    for candidate in (path / "best", path / "last", path):
+        if (candidate / "config.json").is_file():
+            return DiscreteVAE.from_pretrained(candidate)
+    raise ValueError(f"{path}: no dVAE here (no best/, last/ or config.json); give a train-tokenizer run")
