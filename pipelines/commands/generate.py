@@ -15,9 +15,16 @@ The run directory holds best/ (by held-out round-trip PSNR), last/, checkpoints/
 config.yaml; best/ and last/ load with model.dalle.DiscreteVAE.from_pretrained.
 """
 
+TRAIN_EPILOG = """\
+precedence: preset defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
+< KEY=VALUE overrides (e.g. train.lr=5e-4 task.dalle.attention=sparse). Every checkpoint (best/ by held-out
+image-token log-likelihood, last/) holds the transformer, caption_vocab.json and the dVAE in dvae/, so
+`xmodal generate sample --checkpoint RUN` needs nothing else.
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from model.dalle import DVAEConfig
+    from model.dalle import DalleConfig, DVAEConfig
 
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     tok = sub.add_parser(
@@ -38,6 +45,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tok.add_argument("--seed", type=int, help="seed of shuffling, relaxation noise and initialisation")
     tok.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_overrides_argument(tok, "config overrides, e.g. task.dvae.codebook_size=1024")
+
+    tr = sub.add_parser(
+        "train",
+        help="train the text-and-image transformer from a token store and a captions file",
+        description="train DALL-E's transformer on (caption, token grid) pairs: captions from a Karpathy "
+        "split file, grids from `xmodal generate tokenize`",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tr.add_argument("--features", help="image-token store from `xmodal generate tokenize`")
+    tr.add_argument("--captions", help="captions as a Karpathy split file (dataset_coco.json layout)")
+    tr.add_argument("--tokenizer", help="the train-tokenizer run (or dVAE directory) that made the store")
+    tr.add_argument("--out", required=True, help="run directory")
+    tr.add_argument(
+        "--preset", choices=sorted(DalleConfig.PRESETS), help="transformer shapes (default: small)"
+    )
+    tr.add_argument("--config", help="YAML with train.* and task.* keys (a run's config.yaml works)")
+    tr.add_argument("--max-steps", type=int, help="optimizer steps")
+    tr.add_argument("--batch-size", type=int, help="caption-image pairs per step")
+    tr.add_argument("--lr", type=float, help="peak learning rate")
+    tr.add_argument("--seed", type=int, help="seed of shuffling and initialisation")
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_overrides_argument(tr, "config overrides, e.g. task.dalle.num_layers=6 task.dalle.attention=sparse")
 
     tz = sub.add_parser(
         "tokenize",
@@ -77,8 +107,60 @@ def resolve_tokenizer_config(args: argparse.Namespace):
     return cfg
 
 
+def resolve_train_config(args: argparse.Namespace):
+    """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
+    from pipelines.engine import config_io
+    from pipelines.tasks.text_to_image import TextToImageRun, TextToImageTaskConfig, default_train_config
+
+    config_path = args.config
+    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
+        config_path = Path(args.out) / "config.yaml"
+    preset = args.preset
+    if preset is None and config_path is not None:
+        preset = (config_io.load_yaml(config_path).get("task") or {}).get("preset")
+    preset = preset or "small"
+    cfg = TextToImageRun(train=default_train_config(preset), task=TextToImageTaskConfig(preset=preset))
+    cfg = config_io.load(TextToImageRun, config_path, base=cfg)
+    train = {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed}
+    task = {
+        "features": args.features,
+        "captions": args.captions,
+        "tokenizer": args.tokenizer,
+        "preset": args.preset,
+    }
+    data = {
+        "train": {k: v for k, v in train.items() if v is not None},
+        "task": {k: v for k, v in task.items() if v is not None},
+    }
+    return config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pipelines.data.captions import CaptionDataError
+    from pipelines.engine.launch import fit
+    from pipelines.tasks.text_to_image import TextToImageTask
+    from storage.errors import StoreError
+
+    out = Path(args.out)
+    try:
+        cfg = resolve_train_config(args)
+        summary = fit(TextToImageTask(cfg.task), cfg.train, out, resume=args.resume)
+    except (ValueError, KeyError, OSError, FloatingPointError, StoreError, CaptionDataError) as exc:
+        print(f"xmodal generate train: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    best = summary.get("best")
+    if best:
+        print(
+            f"trained to step {summary['step']}; best image-token log-likelihood {best['value']:.3f} "
+            f"at step {best['step']}: {out}"
+        )
+    else:
+        print(f"trained to step {summary['step']}: {out / 'last'}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    return {"train-tokenizer": _train_tokenizer, "tokenize": _tokenize}[args.action](args)
+    return {"train-tokenizer": _train_tokenizer, "tokenize": _tokenize, "train": _train}[args.action](args)
 
 
 def _tokenize(args: argparse.Namespace) -> int:
