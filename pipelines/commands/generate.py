@@ -69,6 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_overrides_argument(tr, "config overrides, e.g. task.dalle.num_layers=6 task.dalle.attention=sparse")
 
+    sp = sub.add_parser(
+        "sample",
+        help="generate images for a prompt with a trained checkpoint",
+        description="sample image tokens after PROMPT (top-k / top-p, seeded) and decode them with the "
+        "checkpoint's dVAE into PNG files (not re-ranked)",
+    )
+    sp.add_argument("prompt", help='the text, e.g. "a red circle at the top left"')
+    sp.add_argument("--checkpoint", required=True, help="a `generate train` run or checkpoint directory")
+    sp.add_argument("--n", type=int, default=8, help="images to generate")
+    sp.add_argument("--out", required=True, help="folder for sample_000.png, ...")
+    sp.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    sp.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
+    sp.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
+    sp.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same images)")
+
     tz = sub.add_parser(
         "tokenize",
         help="extract the images' token grids into an image-token store",
@@ -160,7 +175,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"train-tokenizer": _train_tokenizer, "tokenize": _tokenize, "train": _train}[args.action](args)
+    return {"train-tokenizer": _train_tokenizer, "tokenize": _tokenize, "train": _train, "sample": _sample}[
+        args.action
+    ](args)
 
 
 def _tokenize(args: argparse.Namespace) -> int:
@@ -199,4 +216,20 @@ def _train_tokenizer(args: argparse.Namespace) -> int:
         )
     else:
         print(f"trained to step {summary['step']}: {out / 'last'}")
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from pipelines.apps.generate import SampleSettings, sample, write_images
+    from pipelines.data.captions import CaptionDataError
+    from pipelines.tasks.text_to_image import TextToImageModel
+
+    settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
+    try:
+        model = TextToImageModel.load(args.checkpoint)
+        paths = write_images(sample(model, args.prompt, settings), args.out)
+    except (ValueError, OSError, CaptionDataError) as exc:
+        print(f"xmodal generate sample: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    print(f"{len(paths)} images for {args.prompt!r}: {args.out}")
     return 0
