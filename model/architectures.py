@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import pretrained
 from .captioning import CaptionConfig, HardAttentionCaptioner, SoftAttentionCaptioner, UpDownCaptioner
+from .dalle import DalleConfig, DalleTransformer, DiscreteVAE, DVAEConfig
 from .lxmert import (
     Lxmert,
     LxmertConfig,
@@ -130,6 +131,13 @@ FAMILIES: dict[str, Family] = {
         name="sat-hard",
         config_class=CaptionConfig,
         models={"backbone": HardAttentionCaptioner, "caption": HardAttentionCaptioner},
+    ),
+    # DALL-E's two stages: the image tokenizer and the text-to-image-tokens transformer.
+    "dalle-dvae": Family(name="dalle-dvae", config_class=DVAEConfig, models={"backbone": DiscreteVAE}),
+    "dalle": Family(
+        name="dalle",
+        config_class=DalleConfig,
+        models={"backbone": DalleTransformer, "generate": DalleTransformer},
     ),
 }
 

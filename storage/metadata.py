@@ -57,7 +57,8 @@ def decode_meta(raw: bytes | None, path: str | Path) -> dict:
             f"{path}: metadata record is not valid JSON ({exc}): the store is damaged"
         ) from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise StoreFormatError(f"{path}: metadata does not describe an {FORMAT_NAME} store")
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise StoreFormatError(f"{path}: metadata describes a {found!r} store, not an {FORMAT_NAME} store")
     version = meta.get("format_version")
     if not isinstance(version, int) or version < 1:
         raise StoreFormatError(f"{path}: invalid format_version {version!r} in the metadata record")

@@ -1,0 +1,235 @@
+"""`xmodal generate`: DALL-E's stages: `train-tokenizer` (the dVAE), `tokenize` (token grids into a store)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipelines.commands.run_options import add_overrides_argument
+
+TOKENIZER_EPILOG = """\
+precedence: preset defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
+< KEY=VALUE overrides (e.g. train.lr=1e-3 task.dvae.codebook_size=1024 task.dvae.kl_weight=0.5).
+The run directory holds best/ (by held-out round-trip PSNR), last/, checkpoints/, metrics.jsonl and
+config.yaml; best/ and last/ load with model.dalle.DiscreteVAE.from_pretrained.
+"""
+
+TRAIN_EPILOG = """\
+precedence: preset defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
+< KEY=VALUE overrides (e.g. train.lr=5e-4 task.dalle.attention=sparse). Every checkpoint (best/ by held-out
+image-token log-likelihood, last/) holds the transformer, caption_vocab.json and the dVAE in dvae/, so
+`xmodal generate sample --checkpoint RUN` needs nothing else.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from model.dalle import DalleConfig, DVAEConfig
+
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    tok = sub.add_parser(
+        "train-tokenizer",
+        help="train the discrete VAE image tokenizer",
+        description="train DALL-E's discrete VAE on an image folder (Gumbel-softmax, annealed temperature "
+        "and KL weight)",
+        epilog=TOKENIZER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tok.add_argument("--images", help="image folder or list file")
+    tok.add_argument("--out", required=True, help="run directory")
+    tok.add_argument("--preset", choices=sorted(DVAEConfig.PRESETS), help="dVAE shapes (default: small)")
+    tok.add_argument("--config", help="YAML with train.* and task.* keys (a run's config.yaml works)")
+    tok.add_argument("--max-steps", type=int, help="optimizer steps")
+    tok.add_argument("--batch-size", type=int, help="images per step")
+    tok.add_argument("--lr", type=float, help="peak learning rate")
+    tok.add_argument("--seed", type=int, help="seed of shuffling, relaxation noise and initialisation")
+    tok.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_overrides_argument(tok, "config overrides, e.g. task.dvae.codebook_size=1024")
+
+    tr = sub.add_parser(
+        "train",
+        help="train the text-and-image transformer from a token store and a captions file",
+        description="train DALL-E's transformer on (caption, token grid) pairs: captions from a Karpathy "
+        "split file, grids from `xmodal generate tokenize`",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tr.add_argument("--features", help="image-token store from `xmodal generate tokenize`")
+    tr.add_argument("--captions", help="captions as a Karpathy split file (dataset_coco.json layout)")
+    tr.add_argument("--tokenizer", help="the train-tokenizer run (or dVAE directory) that made the store")
+    tr.add_argument("--out", required=True, help="run directory")
+    tr.add_argument(
+        "--preset", choices=sorted(DalleConfig.PRESETS), help="transformer shapes (default: small)"
+    )
+    tr.add_argument("--config", help="YAML with train.* and task.* keys (a run's config.yaml works)")
+    tr.add_argument("--max-steps", type=int, help="optimizer steps")
+    tr.add_argument("--batch-size", type=int, help="caption-image pairs per step")
+    tr.add_argument("--lr", type=float, help="peak learning rate")
+    tr.add_argument("--seed", type=int, help="seed of shuffling and initialisation")
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_overrides_argument(tr, "config overrides, e.g. task.dalle.num_layers=6 task.dalle.attention=sparse")
+
+    sp = sub.add_parser(
+        "sample",
+        help="generate images for a prompt with a trained checkpoint",
+        description="sample image tokens after PROMPT (top-k / top-p, seeded) and decode them with the "
+        "checkpoint's dVAE into PNG files (not re-ranked)",
+    )
+    sp.add_argument("prompt", help='the text, e.g. "a red circle at the top left"')
+    sp.add_argument("--checkpoint", required=True, help="a `generate train` run or checkpoint directory")
+    sp.add_argument("--n", type=int, default=8, help="images to generate")
+    sp.add_argument("--out", required=True, help="folder for sample_000.png, ...")
+    sp.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    sp.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
+    sp.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
+    sp.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same images)")
+
+    tz = sub.add_parser(
+        "tokenize",
+        help="extract the images' token grids into an image-token store",
+        description="encode every image of a folder with a trained dVAE into an image-token store (one "
+        "record per image: its token grid); an existing store is resumed, ids already in it are skipped",
+    )
+    tz.add_argument("--images", required=True, help="image folder or list file")
+    tz.add_argument("--tokenizer", required=True, help="train-tokenizer run (its best/) or dVAE directory")
+    tz.add_argument("--out", required=True, help="image-token store directory")
+    tz.add_argument("--batch-size", type=int, default=64, help="images encoded at once")
+
+
+def resolve_tokenizer_config(args: argparse.Namespace):
+    """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
+    from pipelines.engine import config_io
+    from pipelines.tasks.generation import TokenizerRun, TokenizerTaskConfig, default_train_config
+
+    config_path = args.config
+    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
+        config_path = Path(args.out) / "config.yaml"
+    preset = args.preset
+    if preset is None and config_path is not None:
+        preset = (config_io.load_yaml(config_path).get("task") or {}).get("preset")
+    preset = preset or "small"
+    cfg = TokenizerRun(train=default_train_config(preset), task=TokenizerTaskConfig(preset=preset))
+    cfg = config_io.load(TokenizerRun, config_path, base=cfg)
+    train = {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed}
+    task = {"images": args.images, "preset": args.preset}
+    data = {
+        "train": {k: v for k, v in train.items() if v is not None},
+        "task": {k: v for k, v in task.items() if v is not None},
+    }
+    cfg = config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
+    if not cfg.task.images:
+        raise ValueError("--images is required (or task.images in --config)")
+    return cfg
+
+
+def resolve_train_config(args: argparse.Namespace):
+    """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
+    from pipelines.engine import config_io
+    from pipelines.tasks.text_to_image import TextToImageRun, TextToImageTaskConfig, default_train_config
+
+    config_path = args.config
+    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
+        config_path = Path(args.out) / "config.yaml"
+    preset = args.preset
+    if preset is None and config_path is not None:
+        preset = (config_io.load_yaml(config_path).get("task") or {}).get("preset")
+    preset = preset or "small"
+    cfg = TextToImageRun(train=default_train_config(preset), task=TextToImageTaskConfig(preset=preset))
+    cfg = config_io.load(TextToImageRun, config_path, base=cfg)
+    train = {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed}
+    task = {
+        "features": args.features,
+        "captions": args.captions,
+        "tokenizer": args.tokenizer,
+        "preset": args.preset,
+    }
+    data = {
+        "train": {k: v for k, v in train.items() if v is not None},
+        "task": {k: v for k, v in task.items() if v is not None},
+    }
+    return config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pipelines.data.captions import CaptionDataError
+    from pipelines.engine.launch import fit
+    from pipelines.tasks.text_to_image import TextToImageTask
+    from storage.errors import StoreError
+
+    out = Path(args.out)
+    try:
+        cfg = resolve_train_config(args)
+        summary = fit(TextToImageTask(cfg.task), cfg.train, out, resume=args.resume)
+    except (ValueError, KeyError, OSError, FloatingPointError, StoreError, CaptionDataError) as exc:
+        print(f"xmodal generate train: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    best = summary.get("best")
+    if best:
+        print(
+            f"trained to step {summary['step']}; best image-token log-likelihood {best['value']:.3f} "
+            f"at step {best['step']}: {out}"
+        )
+    else:
+        print(f"trained to step {summary['step']}: {out / 'last'}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"train-tokenizer": _train_tokenizer, "tokenize": _tokenize, "train": _train, "sample": _sample}[
+        args.action
+    ](args)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from pipelines.jobs.tokenize import tokenize_images
+    from storage.errors import StoreError
+
+    try:
+        s = tokenize_images(args.images, args.tokenizer, args.out, args.batch_size)
+    except (ValueError, KeyError, OSError, StoreError) as exc:
+        print(f"xmodal generate tokenize: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    print(
+        f"{s.written} token grids written, {s.skipped_present} already stored, {s.failed} unreadable "
+        f"(see errors.jsonl) of {s.total} images: {args.out}"
+    )
+    return 0
+
+
+def _train_tokenizer(args: argparse.Namespace) -> int:
+    from pipelines.engine.launch import fit
+    from pipelines.tasks.generation import TokenizerTask
+
+    out = Path(args.out)
+    try:
+        cfg = resolve_tokenizer_config(args)
+        task = TokenizerTask(cfg.task, grad_accum=cfg.train.grad_accum)
+        summary = fit(task, cfg.train, out, resume=args.resume)
+    except (ValueError, KeyError, OSError, FloatingPointError) as exc:
+        print(f"xmodal generate train-tokenizer: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    best = summary.get("best")
+    if best:
+        print(
+            f"trained to step {summary['step']}; best PSNR {best['value']:.2f} dB "
+            f"at step {best['step']}: {out}"
+        )
+    else:
+        print(f"trained to step {summary['step']}: {out / 'last'}")
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from pipelines.apps.generate import SampleSettings, sample, write_images
+    from pipelines.data.captions import CaptionDataError
+    from pipelines.tasks.text_to_image import TextToImageModel
+
+    settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
+    try:
+        model = TextToImageModel.load(args.checkpoint)
+        paths = write_images(sample(model, args.prompt, settings), args.out)
+    except (ValueError, OSError, CaptionDataError) as exc:
+        print(f"xmodal generate sample: {str(exc).splitlines()[-1]}", file=sys.stderr)
+        return 1
+    print(f"{len(paths)} images for {args.prompt!r}: {args.out}")
+    return 0
