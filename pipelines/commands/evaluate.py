@@ -8,8 +8,9 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE, DEFAULT_DEVICE
+    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE
     from pipelines.commands.images_option import add_images_arguments
+    from pipelines.engine.devices import DEFAULT_DEVICE, DEVICE_HELP
     from pipelines.tasks import finetuning_tasks
 
     parser.add_argument("task", choices=finetuning_tasks(), help="the task the checkpoint was tuned for")
@@ -43,9 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="captioners: beams per image (default: the run's, as its validation decoded)",
     )
-    parser.add_argument(
-        "--device", default=DEFAULT_DEVICE, help="cpu, cuda, cuda:N (default: auto, a GPU if any)"
-    )
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
