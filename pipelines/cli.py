@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+import warnings
 
 # (subcommand, one-line help); each lives in pipelines/commands/<name>.py
 COMMANDS: tuple[tuple[str, str], ...] = (
@@ -74,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning_to_log(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library warning (random detector weights) as one log line, without the source line; Python's
+    warning registry already shows each once per command."""
+    logging.getLogger("py.warnings").warning("%s", message)
+
+
 def main(argv: list[str] | None = None) -> int:
     from pipelines.jobs.home import private_home
 
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    warnings.showwarning = _warning_to_log
     try:
         private_home()  # before Ray or a cache writes under ~
     except PermissionError as exc:

@@ -56,11 +56,6 @@ def build_detector(tuned: Finetuned, weights: str | None = None, device: str = D
     from extraction import Detector
 
     settings = detector_settings(tuned, weights, **overrides)
-    if settings["weights"] is None:
-        log.warning(
-            "no detector weights (--weights): RANDOM detector weights; the regions and answers are "
-            "meaningless for real use"
-        )
     return Detector.build(device=device, **settings)
 
 
