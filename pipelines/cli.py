@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import warnings
 
@@ -95,7 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     except PermissionError as exc:
         print(f"xmodal: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except BrokenPipeError:
+        # The reader stopped early (`xmodal features info | head`): what it read is all it wanted. Point
+        # stdout at /dev/null so the flush at exit does not raise again, and end quietly.
+        with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (tests) needs none
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
