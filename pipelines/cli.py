@@ -30,11 +30,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 
 # every command exits with one of these (`xmodal submit` passes the remote command's status through)
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PARTIAL = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's status for Ctrl-C (128 + SIGINT)
 EXIT_CODES = """\
 exit status (every command):
   0  success
   1  bad input or refusal: a missing or malformed file, a bad option, settings that do not fit
   2  partial failure: the work finished but some of it failed (extract: more than --max-failures images)
+  130  stopped by Ctrl-C (extract: what is done is kept; rerun the same command to resume)
 """
 
 
