@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -77,6 +76,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for name, value in metrics.items():
         print(f"{name}: {value:.2f}" if name != "loss" else f"{name}: {value:.4f}")
-    print(f"metrics: {metrics_path(args.out)}")
-    print(json.dumps(metrics))
+    print(f"metrics: {metrics_path(args.out)}")  # the same numbers as JSON: printed once, here above
     return 0

@@ -166,7 +166,9 @@ def test_the_cached_regions_make_a_captioner_scored_on_the_caption_rows(sitting,
     capsys.readouterr()
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "CIDEr" in printed
+    assert printed.count("CIDEr") == 1  # the metrics are printed once (their JSON is in the metrics file)
+    metrics = json.loads(Path(str(out).replace(".json", ".metrics.json")).read_text())
+    assert f"CIDEr: {metrics['CIDEr']:.2f}" in printed.splitlines()
     joined = [
         json.loads(line) for line in (s["root"] / "captions.pred.joined.jsonl").read_text().splitlines()
     ]
