@@ -159,6 +159,7 @@ def _import(args: argparse.Namespace) -> int:
         skip_bad=args.skip_bad,
         replace=args.replace,
         provenance={"format": fmt.name, **fmt.describe(args.src)},
+        source_provenance=fmt.source_provenance(args.src),
     )
     print(
         f"{args.dst}: {report.written} records written, {report.already_present} already present, "
