@@ -201,6 +201,21 @@ def test_an_ambiguous_name_is_refused_not_guessed(tmp_path, capsys):
     assert "several stored images are called 'x'" in capsys.readouterr().err
 
 
+def test_a_picture_in_a_suffix_xmodal_does_not_read_is_named_as_such(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    (photos / "trip").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(photos / "a.jpg")
+    (photos / "trip" / "b.heic").write_bytes(b"\0\0\0\x18ftypheic" + bytes(64))  # an iPhone picture
+    rows = tmp_path / "q.csv"
+    rows.write_text("image,question,answer\na.jpg,what?,red\ntrip/b.heic,what?,blue\n")
+    argv = ["finetune", "vqa", "--images", str(photos), "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert "suffixes xmodal does not read (.heic)" in err[0] and "'trip/b.heic'" in err[0]
+    assert "convert them to .jpg or .png" in err[0]
+
+
 # (file name, content, what the one error line must name: the line and every problem)
 MALFORMED = [
     ("no_columns.csv", "image,text\na.jpg,hello\n", ["line 2", "no 'question'"]),
