@@ -36,7 +36,7 @@ exit status (every command):
   0  success
   1  bad input or refusal: a missing or malformed file, a bad option, settings that do not fit
   2  partial failure: the work finished but some of it failed (extract: more than --max-failures images)
-  130  stopped by Ctrl-C (extract: what is done is kept; rerun the same command to resume)
+  130  stopped by Ctrl-C (extract, --images: what is done is kept; rerun the same command to resume)
 """
 
 
@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return int(args._run(args) or 0)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C: one line (what was kept and how to go on, when the command says), never a traceback
+        print(f"xmodal {args.command}: {exc or 'stopped (Ctrl-C)'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader stopped early (`xmodal features info | head`): what it read is all it wanted. Point
         # stdout at /dev/null so the flush at exit does not raise again, and end quietly.

@@ -258,3 +258,19 @@ def test_each_malformed_file_is_one_error_line(name, content, named, sitting, tm
     for part in named:
         assert part in err[0], (part, err[0])
     assert re.match(r"xmodal finetune: ", err[0])
+
+
+def test_ctrl_c_while_extracting_for_a_run_is_one_line(sitting, tmp_path, monkeypatch, capsys):
+    import pipelines.jobs.image_cache as image_cache
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(image_cache, "images_store", interrupted)
+    argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--train", str(sitting["questions"]), "--out", str(tmp_path / "run")]) == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [
+        f"xmodal finetune: stopped while extracting {sitting['photos']}; the images extracted so far are "
+        "kept in the cache: rerun the same command to resume"
+    ]
