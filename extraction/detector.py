@@ -87,8 +87,9 @@ class Detector:
         if weights is None:
             init_random_weights(model, RANDOM_SEED)
             message = RANDOM_WEIGHTS_WARNING.format(seed=RANDOM_SEED)
+            # A warning, not also a log line: the CLI routes warnings to its log (once per command);
+            # a library user sees it once per call site.
             warnings.warn(message, stacklevel=2)
-            log.warning(message)
             info = weights_record(None, RANDOM_SEED)
         else:
             report = load_detector_weights(model, weights_file(weights), strict=strict)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import sys
+import warnings
 
 # (subcommand, one-line help); each lives in pipelines/commands/<name>.py
 COMMANDS: tuple[tuple[str, str], ...] = (
@@ -28,11 +31,13 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 
 # every command exits with one of these (`xmodal submit` passes the remote command's status through)
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PARTIAL = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's status for Ctrl-C (128 + SIGINT)
 EXIT_CODES = """\
 exit status (every command):
   0  success
   1  bad input or refusal: a missing or malformed file, a bad option, settings that do not fit
   2  partial failure: the work finished but some of it failed (extract: more than --max-failures images)
+  130  stopped by Ctrl-C (extract, --images: what is done is kept; rerun the same command to resume)
 """
 
 
@@ -75,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning_to_log(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library warning (random detector weights) as one log line, without the source line; Python's
+    warning registry already shows each once per command."""
+    logging.getLogger("py.warnings").warning("%s", message)
+
+
 def main(argv: list[str] | None = None) -> int:
     from pipelines.jobs.home import private_home
 
@@ -83,12 +94,24 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    warnings.showwarning = _warning_to_log
     try:
         private_home()  # before Ray or a cache writes under ~
     except PermissionError as exc:
         print(f"xmodal: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C: one line (what was kept and how to go on, when the command says), never a traceback
+        print(f"xmodal {args.command}: {exc or 'stopped (Ctrl-C)'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader stopped early (`xmodal features info | head`): what it read is all it wanted. Point
+        # stdout at /dev/null so the flush at exit does not raise again, and end quietly.
+        with contextlib.suppress(OSError, ValueError):  # a stdout with no descriptor (tests) needs none
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ Items = Iterator[tuple[str, RegionFeatures | BadInputError]]
 class Format:
     """`read(path, **read_options) -> (where, record or error)` items; `write(reader, path,
     **write_options) -> records written`; `describe(path)` what an import records in the store's
-    provenance; `max_boxes(path)` the widest record, when the file knows it."""
+    provenance; `max_boxes(path)` the widest record, when the file knows it; `source_provenance(path)`
+    what produced the features, when the file says."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -28,6 +29,8 @@ class Format:
     write_options: tuple[str, ...] = ()
     describe: Callable[[str | os.PathLike], dict] = field(default=lambda path: {})
     max_boxes: Callable[[str | os.PathLike], int] | None = None
+    # what produced the features, when the file says (an xmodal HDF5 export): the new store's provenance
+    source_provenance: Callable[[str | os.PathLike], dict] = field(default=lambda path: {})
 
 
 FORMATS: dict[str, Format] = {
@@ -38,6 +41,7 @@ FORMATS: dict[str, Format] = {
         write=tsv.export_tsv,
         write_options=("skip_empty",),
         describe=lambda path: {"layout": tsv.tsv_layout(path)},
+        max_boxes=tsv.tsv_max_boxes,
     ),
     "hdf5": Format(
         "hdf5",
@@ -47,6 +51,7 @@ FORMATS: dict[str, Format] = {
         read_options=("ids",),
         write_options=("dtype",),
         max_boxes=hdf5.hdf5_max_boxes,
+        source_provenance=hdf5.hdf5_source_provenance,
     ),
 }
 

@@ -49,6 +49,22 @@ def read_hdf5(
             )
 
 
+def hdf5_source_provenance(path: str | os.PathLike) -> dict:
+    """What produced an xmodal export's features (the exported store's provenance: detector, configs,
+    weights), for the store it is imported into; {} for other layouts, which do not say."""
+    with h5py.File(path, "r") as f:
+        if f.attrs.get("format") != H5_FORMAT or "meta" not in f.attrs:
+            return {}
+        try:
+            meta = json.loads(f.attrs["meta"])
+        except (TypeError, ValueError):
+            return {}
+    provenance = meta.get("provenance") if isinstance(meta, dict) else None
+    if not isinstance(provenance, dict):
+        return {}
+    return {k: v for k, v in provenance.items() if k != "imported_from"}
+
+
 def hdf5_max_boxes(path: str | os.PathLike) -> int:
     """The most boxes an image has in either layout: the padded width, or the longest pos_boxes span."""
     with h5py.File(path, "r") as f:

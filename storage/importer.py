@@ -38,10 +38,13 @@ def import_records(
     skip_bad: bool = False,
     replace: bool = False,
     provenance: dict | None = None,
+    source_provenance: dict | None = None,
 ) -> ImportReport:
     """`items` are (where, record or the error found at `where`). Stops at the first bad item unless
     `skip_bad`; records written before a stop stay committed, and a rerun skips them. Without
-    `feature_dim` the width is the first record with boxes' (zero-box records before it wait)."""
+    `feature_dim` the width is the first record with boxes' (zero-box records before it wait).
+    `provenance` describes the import (under `imported_from`); `source_provenance`, what produced the
+    features (an xmodal export's detector and configs), joins the store's own keys it does not have yet."""
     report = ImportReport()
     seen: dict[str, str] = {}
     held: list[tuple[str, RegionFeatures]] = []
@@ -105,6 +108,9 @@ def import_records(
             writer = FeatureWriter(
                 dst, feature_dim=feature_dim, max_boxes=max_boxes, dtype=dtype, replace=replace
             )
+        if source_provenance:
+            kept = writer.meta["provenance"]
+            writer.update_meta({k: v for k, v in source_provenance.items() if k not in kept})
         labels = (
             "absent" if report.unlabelled == report.written else "partial" if report.unlabelled else "present"
         )

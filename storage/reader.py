@@ -421,9 +421,30 @@ class FeatureReader:
 
     def keys(self, on_damage: Callable[[Path, BrokenPage], None] | None = None) -> Iterator[str]:
         """Ids in key order, shard after shard; reads in short transactions, never holding one open.
-        Broken pages: as `items_encoded`."""
-        for _shard, key, _ in self._scan(values=False, on_damage=on_damage):
+        Broken pages: as `items_encoded`. An id held by several shards is listed once (the first shard's
+        record is the one read), and a full listing warns how many there are, as `merge` refuses them."""
+        if len(self.paths) == 1:
+            for _shard, key, _ in self._scan(values=False, on_damage=on_damage):
+                yield key.decode("utf-8")
+            return
+        owner: dict[bytes, Path] = {}
+        repeated: dict[bytes, list[Path]] = {}
+        for shard, key, _ in self._scan(values=False, on_damage=on_damage):
+            first = owner.setdefault(key, shard.path)
+            if first != shard.path:
+                repeated.setdefault(key, [first]).append(shard.path)
+                continue
             yield key.decode("utf-8")
+        if repeated:
+            key, where = next(iter(repeated.items()))
+            log.warning(
+                "%d ids are held by several shards (e.g. %r in %s): each is read from the first shard "
+                "listed; `xmodal features merge` refuses such shards, so check that the same images were "
+                "not extracted twice",
+                len(repeated),
+                key.decode("utf-8", "replace"),
+                " and ".join(map(str, where)),
+            )
 
     __iter__ = keys
 

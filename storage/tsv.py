@@ -57,6 +57,25 @@ def tsv_layout(path: str | os.PathLike) -> str:
     raise BadInputError(f"{path}: the file is empty")
 
 
+def tsv_max_boxes(path: str | os.PathLike) -> int:
+    """The most boxes a line has (its num_boxes field), so that a 10-100 box file is not cut to a
+    default width; one pass reading only that field. Malformed lines are left to `read_tsv` to name."""
+    most, index = 1, None
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            fields = line.rstrip(b"\r\n").split(b"\t", 8)
+            if index is None:
+                names = LAYOUTS.get(line.count(b"\t") + 1, (None, ()))[1]
+                if "num_boxes" not in names:
+                    return most
+                index = names.index("num_boxes")
+            if len(fields) > index and fields[index].strip().isdigit():
+                most = max(most, int(fields[index]))
+    return most
+
+
 def _layout_of(fields: list[bytes], where: str) -> tuple[str, tuple[str, ...]]:
     if len(fields) not in LAYOUTS:
         expected = "; ".join(

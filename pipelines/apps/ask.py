@@ -12,13 +12,13 @@ import torch
 from extraction.draw import Drawing, Label
 from pipelines.data.regions import pad_regions, region_arrays
 from pipelines.data.text import encode_text, pad_text
+from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOP_K = 5
-DEFAULT_DEVICE = "cpu"
 
 
 @dataclass
@@ -56,11 +56,6 @@ def build_detector(tuned: Finetuned, weights: str | None = None, device: str = D
     from extraction import Detector
 
     settings = detector_settings(tuned, weights, **overrides)
-    if settings["weights"] is None:
-        log.warning(
-            "no detector weights (--weights): RANDOM detector weights; the regions and answers are "
-            "meaningless for real use"
-        )
     return Detector.build(device=device, **settings)
 
 
@@ -152,6 +147,7 @@ def ask_image(
     from extraction import load_image
 
     bgr = load_image(image)
+    device = pick_device(device)
     tuned = load_finetuned(checkpoint, device)
     detector = build_detector(tuned, weights, device, **detector_overrides)
     (regions,) = detector.detect([bgr], ids=[Path(image).stem])

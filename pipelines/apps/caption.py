@@ -12,6 +12,7 @@ from model.captioning import beam_search
 from pipelines.apps.ask import build_detector
 from pipelines.apps.caption_picture import draw_caption_attention
 from pipelines.data.regions import pad_regions, region_arrays
+from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
@@ -70,7 +71,7 @@ def caption_image(
     weights: str | None = None,
     explain: str | Path | None = None,
     beam_size: int = DEFAULT_BEAM_SIZE,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     **detector_overrides,
 ) -> CaptionResult:
     """Detect regions in `image`, caption them with `checkpoint`, optionally draw the attention over time
@@ -78,6 +79,7 @@ def caption_image(
     from extraction import load_image
 
     bgr = load_image(image)
+    device = pick_device(device)
     tuned = load_finetuned(checkpoint, device)
     detector = build_detector(tuned, weights, device, **detector_overrides)
     (regions,) = detector.detect([bgr], ids=[Path(image).stem])

@@ -9,6 +9,7 @@ import torch
 
 from extraction.detector import Detector
 from pipelines.data.detection import DetectionCollate, DetectionDataset, load_detection_json
+from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.detection import DetectorTaskConfig, evaluate_detector
 
 log = logging.getLogger(__name__)
@@ -20,15 +21,14 @@ def evaluate_weights(
     annotations: str | Path,
     preset: str | None = None,
     strict: bool = False,
-    device: str = "auto",
+    device: str = DEFAULT_DEVICE,
 ) -> dict[str, float]:
     """AP, AP50, AP75, APs, APm, APl (pycocotools) and attr_acc of `weights` on `annotations`, at the
     detector's own test size. The weights' class list must be the annotations' (by name where known)."""
     if not Path(weights).exists():
         raise FileNotFoundError(f"detector weights {str(weights)!r} do not exist")
     data = load_detection_json(annotations, images, strict=strict)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = pick_device(device)
     kwargs = {"preset": preset} if preset else {}
     if not Path(weights).is_dir():
         kwargs |= {"num_classes": len(data.classes), "num_attributes": len(data.attributes)}

@@ -9,11 +9,11 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from torch.utils.data import DataLoader
 
 from pipelines.data.examples import check_images
 from pipelines.data.image_refs import StoreImages
+from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.engine.trainer import to_device
 from pipelines.tasks.finetuned import load_finetuned
 from storage import FeatureReader
@@ -21,7 +21,6 @@ from storage import FeatureReader
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 64
-DEFAULT_DEVICE = "auto"  # a GPU if any
 
 
 def metrics_path(predictions_path: str | Path) -> Path:
@@ -60,9 +59,7 @@ def evaluate(
     """Predict every example of `split`, write `out` in the task's official format, and return the metrics
     (also written to `metrics_path(out)`) when every example is labelled; None otherwise. Captions are
     decoded with `beam_size` beams, by default the run's (what its validation used)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = pick_device(device)
     tuned = load_finetuned(checkpoint, dev)
     if task is not None and task != tuned.task:
         raise ValueError(f"{checkpoint} was fine-tuned for {tuned.task}, not {task}")

@@ -12,7 +12,8 @@ from pipelines.commands.vg_vocab import add_vg_vocab_option, vg_vocab
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.apps.ask import DEFAULT_DEVICE, DEFAULT_TOP_K
+    from pipelines.apps.ask import DEFAULT_TOP_K
+    from pipelines.engine.devices import DEFAULT_DEVICE, DEVICE_HELP
 
     parser.add_argument("image", help="image file")
     parser.add_argument(
@@ -49,9 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-size", type=int, help="detector input longest side (default: as recorded, 1000)"
     )
-    parser.add_argument(
-        "--device", default=DEFAULT_DEVICE, help=f"cpu or cuda[:N] (default: {DEFAULT_DEVICE})"
-    )
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:

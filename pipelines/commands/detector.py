@@ -27,6 +27,8 @@ and last/ load with `xmodal extract --weights RUN/best`.
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipelines.engine.devices import DEFAULT_DEVICE, DEVICE_HELP
+
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = sub.add_parser(
         "train",
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--preset", help="for a checkpoint file: its preset (a directory knows its own)")
     evaluate.add_argument("--strict", action="store_true", help="stop on bad annotations instead of counting")
     evaluate.add_argument("--out", help="also write the metrics JSON here")
-    evaluate.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (default: a GPU if any)")
+    evaluate.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_HELP)
     convert = sub.add_parser(
         "convert-vg",
         help="Visual Genome objects/attributes/image_data JSON -> COCO-style training JSON",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE, DEFAULT_DEVICE
+    from pipelines.apps.evaluate import DEFAULT_BATCH_SIZE
     from pipelines.commands.images_option import add_images_arguments
+    from pipelines.engine.devices import DEFAULT_DEVICE, DEVICE_HELP
     from pipelines.tasks import finetuning_tasks
 
     parser.add_argument("task", choices=finetuning_tasks(), help="the task the checkpoint was tuned for")
@@ -43,9 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="captioners: beams per image (default: the run's, as its validation decoded)",
     )
-    parser.add_argument(
-        "--device", default=DEFAULT_DEVICE, help="cpu, cuda, cuda:N (default: auto, a GPU if any)"
-    )
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +76,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for name, value in metrics.items():
         print(f"{name}: {value:.2f}" if name != "loss" else f"{name}: {value:.4f}")
-    print(f"metrics: {metrics_path(args.out)}")
-    print(json.dumps(metrics))
+    print(f"metrics: {metrics_path(args.out)}")  # the same numbers as JSON: printed once, here above
     return 0

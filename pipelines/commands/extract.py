@@ -238,6 +238,14 @@ def run(args: argparse.Namespace) -> int:
     except (InputError, JobError, StoreError) as exc:
         log.error("%s", exc)
         return 1
+    except KeyboardInterrupt:
+        from pipelines.cli import EXIT_INTERRUPTED
+
+        # run_extract's cleanup has closed the store: every record written so far is committed
+        log.error(
+            "stopped; the images extracted so far are kept in %s: rerun the same command to resume", cfg.out
+        )
+        return EXIT_INTERRUPTED
     print(json.dumps(summary.__dict__, indent=2))
     if summary.exit_code:
         log.error(

@@ -159,6 +159,7 @@ def _import(args: argparse.Namespace) -> int:
         skip_bad=args.skip_bad,
         replace=args.replace,
         provenance={"format": fmt.name, **fmt.describe(args.src)},
+        source_provenance=fmt.source_provenance(args.src),
     )
     print(
         f"{args.dst}: {report.written} records written, {report.already_present} already present, "
@@ -252,7 +253,14 @@ def _show(args: argparse.Namespace) -> int:
         from extraction.provenance import recorded_names
 
         objects, attributes = recorded_names(reader.shards[0].read_meta().get("provenance", {}))
-    drawn = draw_regions(load_image(args.image), rec, objects, attributes).image
+    picture = load_image(args.image)
+    height, width = picture.shape[:2]
+    if (height, width) != (rec.img_h, rec.img_w):  # boxes of another size land in the wrong places
+        raise ValueError(
+            f"{args.image} is {width}x{height} but {args.img_id!r} was extracted from a "
+            f"{rec.img_w}x{rec.img_h} picture; give the image the record was extracted from"
+        )
+    drawn = draw_regions(picture, rec, objects, attributes).image
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), drawn):
         raise ValueError(f"cannot write {args.out}: use a .png or .jpg name in a writable folder")

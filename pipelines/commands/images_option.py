@@ -47,6 +47,11 @@ def store_for_rows(args: argparse.Namespace, load_examples: Callable, files: Seq
         refs += [(img, str(path)) for ex in load_examples([path]) for img in ex.images]
     try:
         return images_store(args.images, refs, cfg, args.cache)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"stopped while extracting {args.images}; the images extracted so far are kept in the cache: "
+            "rerun the same command to resume"
+        ) from None
     except (
         JobError,
         StoreError,

@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pipelines.apps.serve.config import ServeConfig
+    from pipelines.engine.devices import DEFAULT_DEVICE, DEVICE_HELP
 
     d = ServeConfig()
     parser.add_argument(
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host", default=d.host, help=f"address to listen on (default: {d.host}, this machine only)"
     )
     parser.add_argument("--port", type=int, default=d.port, help=f"(default: {d.port})")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_HELP)
     parser.add_argument("--min-size", type=int, help="detector input shortest side (default: as recorded)")
     parser.add_argument("--max-size", type=int, help="detector input longest side (default: as recorded)")
     parser.add_argument(

@@ -18,6 +18,7 @@ from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import PaddedRegions, read_regions
 from pipelines.data.row_files import RowProblems, json_cell, kind_of, read_row_file
 from pipelines.data.text import EncodedTexts
+from pipelines.data.vqa_official import OfficialVQA
 
 
 @dataclass(frozen=True)
@@ -122,14 +123,19 @@ def _made_up_id(image: str, question: str, taken: dict) -> str:
 
 def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample]:
     """Questions of row files (JSON list, JSON lines, CSV, Parquet): LXMERT's `{question_id, img_id, sent,
-    label}` rows, or `{image, question, answer | answers}` rows whose question id, when absent, is made up
-    from the image and the question. A file with malformed rows is refused listing every problem."""
+    label}` rows, `{image, question, answer | answers}` rows whose question id, when absent, is made up
+    from the image and the question, or the official VQA questions file with its annotations (given too,
+    or beside it under the release's name). A file with malformed rows is refused listing every problem."""
     out: list[QAExample] = []
     seen: dict[int | str, Path] = {}
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        path = Path(path)
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    official = OfficialVQA.among(paths)
+    for path in paths:
+        if path in official.annotations:
+            continue  # joined to their questions
         problems = RowProblems(path)
-        for row in read_row_file(path):
+        rows = official.rows(path) if path in official.questions else read_row_file(path)
+        for row in rows:
             fields = row.fields
             issues: list[str] = []
             img_name, img_value = _first(fields, IMAGE_FIELDS)

@@ -90,8 +90,7 @@ def corpus_texts(files: Sequence[str | Path]) -> Iterator[str]:
     for f in files:
         f = Path(f)
         if f.suffix.lower() != ".json":
-            with f.open(encoding="utf-8") as fh:
-                yield from (line.strip() for line in fh if line.strip())
+            yield from _text_lines(f)
             continue
         rows = read_json(f)
         if not isinstance(rows, list):
@@ -103,6 +102,21 @@ def corpus_texts(files: Sequence[str | Path]) -> Iterator[str]:
                 yield row["sent"]
             for sents in (row.get("sentf") or {}).values():
                 yield from (s for s in sents if isinstance(s, str))
+
+
+def _text_lines(path: Path) -> Iterator[str]:
+    """The non-empty lines of a UTF-8 text file; ValueError naming the file for a binary or non-UTF-8 one
+    (a picture or a feature store given by mistake would otherwise train a vocabulary of noise)."""
+    with path.open("rb") as fh:
+        if b"\0" in fh.read(4096):
+            raise ValueError(
+                f"{path}: a binary file, not text; give text files (one sentence per line) or JSON"
+            )
+    with path.open(encoding="utf-8") as fh:
+        try:
+            yield from (line.strip() for line in fh if line.strip())
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8 text") from None
 
 
 def build_vocab(

@@ -30,6 +30,7 @@ class RunLog:
         self.progress_mode = progress
         self.trackers: list[Tracker] = []
         self.progress: Progress | None = None
+        self.drawn = False  # curves.png shows every row logged so far (drawing takes seconds)
 
     def open(self, step: int, total_steps: int, config: dict) -> None:
         """Start (or resume at `step`: later rows are dropped, they will be logged again)."""
@@ -49,6 +50,7 @@ class RunLog:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        self.drawn = False
         if self.progress is not None:
             self.progress.show(row)
         numbers = {k: float(v) for k, v in row.items() if k not in ("step", "epoch") and _is_number(v)}
@@ -56,8 +58,10 @@ class RunLog:
             tracker.log(numbers, row["step"])
 
     def curves(self) -> None:
-        if self.enabled:
+        """Draw curves.png unless it already shows every row (the last checkpoint and the run's end)."""
+        if self.enabled and not (self.drawn and (self.out_dir / CURVES_FILE).is_file()):
             write_curves(self.path, self.out_dir / CURVES_FILE)
+            self.drawn = True
 
     def close(self) -> None:
         for tracker in self.trackers:

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pipelines.engine.checkpoints import (
     replace_dir,
     step_dir,
 )
+from pipelines.engine.devices import pick_device
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
 from pipelines.engine.run_history import check_resume, record_start
 from pipelines.engine.run_log import RunLog
@@ -215,7 +215,7 @@ class TrainingRun:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
         self.is_main = self.rank == 0
-        self.device = _pick_device(cfg.device)
+        self.device = pick_device(cfg.device)
         self.amp_dtype = _amp_dtype(cfg.amp, self.device)
         if cfg.batch_size % (self.world * cfg.grad_accum):
             raise ValueError(
@@ -526,14 +526,6 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(v, device) for v in batch)
     return batch
-
-
-def _pick_device(name: str) -> torch.device:
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from pipelines.data.image_refs import AmbiguousImage, ImageIds
+from pipelines.data.image_refs import IMAGE_SUFFIXES, AmbiguousImage, ImageIds
 from pipelines.jobs.extract.config import ExtractConfig
 from pipelines.jobs.image_inputs import InputError, iter_images
 
@@ -68,6 +68,13 @@ def needed_ids(images: str | Path, refs: Iterable[tuple[str, str]]) -> dict[str,
     if ambiguous:
         raise InputError(f"{images}: {'; '.join(ambiguous[:MAX_NAMED])}")
     if missing:
+        unread = sorted({_unread_suffix(images, r) for r in missing} - {None})
+        if unread:  # the picture is there, under a suffix the folder listing skips: say so, not "missing"
+            raise InputError(
+                f"{images}: the rows name pictures with suffixes xmodal does not read ({', '.join(unread)}), "
+                f"e.g. {next(r for r in missing if _unread_suffix(images, r))!r}; convert them to .jpg or "
+                f".png (readable: {', '.join(sorted(IMAGE_SUFFIXES))})"
+            )
         named = ", ".join(f"{r!r} ({w})" for r, w in list(missing.items())[:MAX_NAMED])
         more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
         raise InputError(
@@ -75,6 +82,14 @@ def needed_ids(images: str | Path, refs: Iterable[tuple[str, str]]) -> dict[str,
             "fix the rows' image names or add the pictures"
         )
     return found
+
+
+def _unread_suffix(images: str | Path, ref: str) -> str | None:
+    """The suffix of `ref` when the folder holds that file but not as a picture xmodal reads (.heic)."""
+    suffix = Path(ref).suffix.lower()
+    if not suffix or suffix in IMAGE_SUFFIXES or not (Path(images) / ref).is_file():
+        return None
+    return suffix
 
 
 def images_store(

@@ -207,3 +207,21 @@ def test_class_probs_survive_the_own_hdf5_round_trip(tmp_path, make_record, same
             assert got.class_probs is None
         else:
             np.testing.assert_array_equal(got.class_probs, rec.class_probs.astype(np.float16))
+
+
+def test_importing_an_own_export_keeps_what_produced_the_features(tmp_path, make_record):
+    detector = {"detector": "vg-faster-rcnn", "preset": "c4-small", "config": {"min_size": 96}}
+    with FeatureWriter(tmp_path / "s", feature_dim=64, max_boxes=40, meta=detector) as w:
+        w.put(make_record(0, num_boxes=5))
+    assert main(["features", "export", str(tmp_path / "s"), str(tmp_path / "out.h5")]) == 0
+    assert main(["features", "import", str(tmp_path / "out.h5"), str(tmp_path / "back")]) == 0
+    back = FeatureReader(tmp_path / "back")
+    provenance = back.meta["provenance"]
+    assert {k: provenance[k] for k in detector} == detector  # ask and serve rebuild this detector
+    assert provenance["imported_from"]["format"] == "hdf5" and back.max_boxes == 40
+    # a foreign layout says nothing about its detector: nothing is made up
+    write_butd(tmp_path / "butd.h5", [make_record(1, num_boxes=3)])
+    (tmp_path / "ids.txt").write_text("img_000001\n")
+    argv = ["features", "import", str(tmp_path / "butd.h5"), str(tmp_path / "butd"), "--ids"]
+    assert main([*argv, str(tmp_path / "ids.txt")]) == 0
+    assert set(FeatureReader(tmp_path / "butd").meta["provenance"]) <= {"imported_from", "unlabelled_records"}

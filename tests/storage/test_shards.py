@@ -112,3 +112,22 @@ def test_a_replaced_job_cannot_write_and_a_claim_waits_for_a_commit_in_progress(
         pass
     with writing(shard, "new"):
         pass
+
+
+def test_ids_held_by_several_shards_are_listed_once_with_a_warning(tmp_path, make_record, same, caplog):
+    for name, indices in (("a", [0, 1, 2]), ("b", [2, 3, 1])):
+        with FeatureWriter(tmp_path / name, feature_dim=64) as writer:
+            for index in indices:
+                writer.put(make_record(index, num_boxes=2 + index + (name == "b")))
+    reader = FeatureReader([tmp_path / "a", tmp_path / "b"])
+    with caplog.at_level("WARNING", logger="storage.reader"):
+        ids = list(reader.keys())
+    assert sorted(ids) == [make_record(i).img_id for i in range(4)]  # each once
+    warned = [r.getMessage() for r in caplog.records if "held by several shards" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("2 ids are held by several shards"), warned
+    assert str(tmp_path / "a") in warned[0] and str(tmp_path / "b") in warned[0]
+    assert reader[make_record(2).img_id].num_boxes == 4  # the first shard's record (a's, 2 + 2)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="storage.reader"):
+        assert list(FeatureReader(tmp_path / "a").keys()) == [make_record(i).img_id for i in range(3)]
+        assert list(FeatureReader([tmp_path / "a"]).keys()) and not caplog.records

@@ -316,3 +316,14 @@ def test_a_record_without_boxes_is_refused_on_export_or_skipped_on_request(tmp_p
     assert main(["features", "export", "--skip-empty", str(tmp_path / "s"), str(out)]) == 0
     assert "record 'img_000002' has no boxes: left out" in caplog.text
     assert [item["img_id"] for item in lxmert_load_obj_tsv(out)] == ["img_000001", "img_000003"]
+
+
+def test_cli_import_of_an_adaptive_tsv_keeps_its_widest_record(tmp_path, make_record, same):
+    """Bottom-up-attention's adaptive 10-100 boxes: the store is as wide as the widest line, not 36."""
+    recs = [make_record(i, num_boxes=n) for i, n in enumerate([10, 72, 36])]
+    (tmp_path / "in.tsv").write_text("".join(tsv_line(r) for r in recs))
+    assert main(["features", "import", str(tmp_path / "in.tsv"), str(tmp_path / "s")]) == 0
+    r = FeatureReader(tmp_path / "s")
+    assert r.max_boxes == 72 and len(r) == 3
+    for rec in recs:
+        same(r[rec.img_id], rec, np.float16)

@@ -12,6 +12,7 @@ import numpy as np
 
 from pipelines.apps.ask import ask, build_detector, detector_settings
 from pipelines.apps.caption import CaptionResult, caption_regions
+from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
 from storage import RegionFeatures
@@ -106,7 +107,7 @@ class Backend:
 def load_backend(
     checkpoint: str | Path | None,
     detector_weights: str | None = None,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     vocab: str | Path | None = None,
     caption_checkpoint: str | Path | None = None,
     **detector_overrides,
@@ -115,6 +116,7 @@ def load_backend(
     their features were made with (or `detector_weights`) and, from the `vocab` folder, the VG object and
     attribute names; refuse what can neither answer questions nor describe images."""
     answerer = captioner = None
+    device = pick_device(device)
     for path, captioner_only in ((checkpoint, False), (caption_checkpoint, True)):
         if path is None:
             continue

@@ -246,3 +246,25 @@ def test_ask_json_dash_prints_one_json_object(tmp_path, capsys, monkeypatch):
         "answers": [{"answer": "red", "score": 0.75}, {"answer": "blue", "score": 0.125}],
         "explain": None,
     }
+
+
+def test_the_random_weights_warning_is_printed_once_as_one_line(checkpoint, tmp_path):
+    """As a user runs it (its own process, the CLI's logging): `ask` with random detector weights warns
+    once, on one line, and still answers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "scene.png"
+    Image.new("RGB", (120, 96), (200, 30, 30)).save(path)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "pipelines.cli", "ask", str(path), "what color is the square?"]
+    argv += ["--checkpoint", str(checkpoint), "--device", "cpu", "--min-size", "96", "--max-size", "128"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "RANDOM" in line]
+    assert len(warned) == 1, proc.stderr
+    assert "WARNING" in warned[0] and "meaningless" in warned[0]
+    assert "Detector.build(" not in proc.stderr  # no source line under the warning
+    assert proc.stdout.startswith("Q: what color is the square?")

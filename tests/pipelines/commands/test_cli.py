@@ -217,3 +217,32 @@ def test_version_is_the_installed_packages(capsys):
         build_parser().parse_args(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"xmodal {version('xmodal')}"
+
+
+def _device_defaults(parser, path=()):
+    """(command path, --device default) for every parser and sub-parser that has a --device option."""
+    import argparse
+
+    for action in parser._actions:
+        if "--device" in action.option_strings:
+            yield " ".join(path), action.default
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _device_defaults(child, (*path, name))
+
+
+def test_every_device_option_has_the_same_default():
+    import torch
+
+    from pipelines.engine.devices import pick_device
+    from pipelines.engine.trainer import TrainConfig
+
+    found = dict(_device_defaults(build_parser()))
+    assert {"ask", "evaluate", "serve", "detector evaluate"} <= set(found), found
+    assert set(found.values()) == {"auto"}, found
+    assert TrainConfig().device == "auto"
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device("auto").type == expected
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="'gpu' is not a device"):
+        pick_device("gpu")

@@ -108,3 +108,20 @@ def test_failed_images_beyond_max_failures_exit_2(failed, code, tmp_path, monkey
     path.write_text(yaml.safe_dump({"inputs": [str(tmp_path)], "out": str(tmp_path / "f.lmdb")}))
     assert main(["extract", "--config", str(path), "--no-progress"]) == code
     assert seen[0].progress is False and seen[0].inputs == [str(tmp_path)]
+
+
+def test_ctrl_c_is_one_line_saying_how_to_resume(tmp_path, monkeypatch, caplog, capsys):
+    from pipelines.cli import EXIT_INTERRUPTED
+    from pipelines.jobs.extract import driver
+
+    def interrupted(cfg: ExtractConfig) -> ExtractSummary:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "run_extract", interrupted)
+    out = tmp_path / "f.lmdb"
+    assert main(["extract", str(tmp_path), "--out", str(out), "--no-progress"]) == EXIT_INTERRUPTED == 130
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"stopped; the images extracted so far are kept in {out}: rerun the same command to resume"
+    ]
+    assert "Traceback" not in capsys.readouterr().err

@@ -87,3 +87,36 @@ def test_salvage_leaves_out_the_corrupt_record_and_exits_partial(tmp_path, caplo
     assert "left out" in caplog.text and "img2" in caplog.text
     assert "PARTIAL: 1 damaged pages or records left out" in capsys.readouterr().err
     assert sorted(FeatureReader(tmp_path / "kept.lmdb").keys()) == ["img0", "img1", "img3", "img4"]
+
+
+def test_show_refuses_a_picture_of_another_size(store, tmp_path, caplog):
+    from PIL import Image
+
+    Image.new("RGB", (12, 10)).save(tmp_path / "other.png")  # the records were extracted from 10x10
+    argv = ["features", "show", str(store), "img1", "--image", str(tmp_path / "other.png")]
+    assert main([*argv, "--out", str(tmp_path / "drawn.png")]) == 1
+    err = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(err) == 1 and "is 12x10 but 'img1' was extracted from a 10x10 picture" in err[0], err
+    assert "\n" not in err[0]
+    assert not (tmp_path / "drawn.png").exists()
+    Image.new("RGB", (10, 10)).save(tmp_path / "same.png")
+    argv = ["features", "show", str(store), "img1", "--image", str(tmp_path / "same.png")]
+    assert main([*argv, "--out", str(tmp_path / "drawn.png")]) == 0
+    assert (tmp_path / "drawn.png").is_file()
+
+
+def test_a_reader_that_stops_early_is_no_error(store):
+    """`xmodal features ls STORE | head -1`: the pipe closes before xmodal writes; no traceback, exit 0."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))
+    argv = [sys.executable, "-m", "pipelines.cli", "features", "ls", str(store), "--limit", "0"]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    proc = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr

@@ -104,3 +104,22 @@ def test_encoded_texts_round_trip_in_chunks():
         [101, 1, 1, 1, 102],
     ]
     assert texts[0].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(range(256)), "a binary file, not text"),
+        (b"what colour is the car?\n" * 3 + b"caf\xe9 au lait\n", "not UTF-8 text"),
+    ],
+    ids=["binary", "latin-1"],
+)
+def test_vocab_build_refuses_a_file_that_is_not_text_in_one_line(content, named, tmp_path, capsys):
+    bad = tmp_path / "photo.txt"
+    bad.write_bytes(content)
+    good = tmp_path / "questions.txt"
+    good.write_text("what colour is the car?\nhow many dogs are there?\n")
+    assert xmodal(["vocab", "build", str(good), str(bad), "--out", str(tmp_path / "vocab.txt")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and named in err[0], err
+    assert not (tmp_path / "vocab.txt").exists()

@@ -75,3 +75,22 @@ def test_wandb_offline_run_gets_the_config_and_rows(tmp_path, monkeypatch):
         time.sleep(0.5)
         records = (run_dirs[0] / f"run-{run_id}.wandb").read_bytes()  # protobuf records, strings kept raw
     assert b"trackers" in records and b"samples_per_s" in records and b"loss" in records
+
+
+def test_curves_are_drawn_again_only_after_new_rows(tmp_path, monkeypatch):
+    import pipelines.engine.run_log as run_log
+
+    drawn = []
+    monkeypatch.setattr(run_log, "write_curves", lambda m, png: (drawn.append(png), png.write_bytes(b"png")))
+    log = run_log.RunLog(tmp_path, enabled=True, trackers=[], progress="log")
+    log.log({"step": 1, "loss": 1.0})
+    log.curves()
+    log.curves()  # the run's end right after its last checkpoint: nothing new to draw
+    assert len(drawn) == 1
+    log.log({"step": 2, "loss": 0.5})
+    log.curves()
+    assert len(drawn) == 2
+    (tmp_path / run_log.CURVES_FILE).unlink()
+    log.curves()  # a missing picture is drawn again
+    assert len(drawn) == 3
+    assert read_metrics(tmp_path / run_log.METRICS_FILE)[-1] == {"step": 2, "loss": 0.5}
