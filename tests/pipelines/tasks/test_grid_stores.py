@@ -149,3 +149,20 @@ def test_vqa_fine_tunes_evaluates_and_asks_on_the_grid_store(grid_scenes, tmp_pa
     np.testing.assert_allclose(regions.features, stored.astype(np.float32), rtol=2e-3, atol=1e-3)
     result = ask(tuned, regions, row["sent"], top_k=3)
     assert len(result.answers) == 3 and result.attention.shape == (CELLS,)
+
+
+def test_pretraining_masks_grid_cells_with_their_detector_labels_as_targets(grid_scenes, tmp_path):
+    """Masked-region modelling on a grid store: the cells' box-predictor classes and attributes are the
+    masked-object targets, and every pre-training loss is computed on them."""
+    data, store = grid_scenes["data"], grid_scenes["store"]
+    out = tmp_path / "pretrain"
+    argv = ["pretrain", "--features", str(store), "--train", str(data.pretrain["train"]),
+            "--valid", str(data.pretrain["valid"]), "--vocab", str(data.vocab), "--preset", "tiny",
+            "--out", str(out), "--seed", "0", "--max-steps", "3", "--batch-size", "8",
+            "train.loader_workers=0", "train.log_every=1", "train.eval_every=3"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert len(rows) == 3
+    for row in rows:  # masked cells regress their feature and predict their detector class and attribute
+        for loss in ("mlm", "matched", "obj", "attr", "feat"):
+            assert np.isfinite(row[loss]) and row[loss] > 0.0, (loss, row)
