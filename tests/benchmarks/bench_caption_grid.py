@@ -75,7 +75,8 @@ def main() -> None:
         run(
             "detector-train",
             ["detector", "train", "--images", str(data.images_dir),
-             "--annotations", str(data.detection["train"]), "--valid", str(data.detection["valid"]), "--out", str(root / "detector"), "--preset", "c4-small",
+             "--annotations", str(data.detection["train"]), "--valid", str(data.detection["valid"]),
+             "--out", str(root / "detector"), "--preset", "c4-small",
              "--seed", str(args.seed), "--max-steps", str(steps), "--lr", "2e-3",
              "--eval-every", str(max(steps // 2, 1)), f"train.lr_steps=[{steps * 4 // 5},{steps * 17 // 18}]",
              f"train.log_every={max(steps // 10, 1)}"],
