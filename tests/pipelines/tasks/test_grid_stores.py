@@ -47,6 +47,7 @@ def grid_scenes(tmp_path_factory) -> dict:
     return {"data": data, "store": store, "detector": det, "root": root}
 
 
+@pytest.mark.slow
 def test_hard_attention_trains_and_captions_over_the_grid_cells(grid_scenes, tmp_path):
     data, store = grid_scenes["data"], grid_scenes["store"]
     split, out = str(data.captions), tmp_path / "sat-hard"
@@ -113,6 +114,7 @@ def test_hard_attention_samples_a_grid_cell_with_its_probability(grid_scenes):
     torch.testing.assert_close(log_p, torch.log(alpha[torch.arange(3), location]))
 
 
+@pytest.mark.slow
 def test_vqa_fine_tunes_evaluates_and_asks_on_the_grid_store(grid_scenes, tmp_path):
     data, store = grid_scenes["data"], grid_scenes["store"]
     out = tmp_path / "vqa"
@@ -151,6 +153,7 @@ def test_vqa_fine_tunes_evaluates_and_asks_on_the_grid_store(grid_scenes, tmp_pa
     assert len(result.answers) == 3 and result.attention.shape == (CELLS,)
 
 
+@pytest.mark.slow
 def test_pretraining_masks_grid_cells_with_their_detector_labels_as_targets(grid_scenes, tmp_path):
     """Masked-region modelling on a grid store: the cells' box-predictor classes and attributes are the
     masked-object targets, and every pre-training loss is computed on them."""
