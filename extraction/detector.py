@@ -15,6 +15,7 @@ import torch
 from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.postprocess import to_record
+from extraction.precision import float32_precision
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
 from extraction.rcnn import NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
@@ -117,7 +118,8 @@ class Detector:
             ids = [Path(im).stem if isinstance(im, (str, Path)) else str(i) for i, im in enumerate(images)]
         cfg = self.config
         stage = _StageTimer(timings, self.device)
-        with torch.inference_mode():
+        # float32 means IEEE float32 on CUDA too: TF32 would move scores enough to swap near-tied regions
+        with torch.inference_mode(), float32_precision(tf32=False):
             with stage("preprocess"):
                 originals = [
                     load_image(im) if isinstance(im, (str, Path)) else load_image(im, ids[i])

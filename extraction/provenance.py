@@ -60,6 +60,7 @@ def provenance(
         "min_boxes": selection.min_boxes,
         "max_boxes": selection.max_boxes,
         "feature_dim": int(feature_dim),
+        "tf32": False,  # Detector.detect runs CUDA matmuls and convolutions in IEEE float32
         **(
             {"classes": weights["classes"], "attributes": weights["attributes"]}
             if "classes" in weights

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch.utils.data import Dataset
 
+from extraction.precision import tf32_flags
 from pipelines.engine import trainer
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
@@ -286,3 +288,32 @@ def test_amp_is_cuda_only():
     assert trainer._amp_dtype("bf16", torch.device("cpu")) is None
     assert trainer._amp_dtype("auto", torch.device("cpu")) is None
     assert math.isclose(trainer._linear_schedule(10, 100)(5), 0.5)
+
+
+class FlagSpyTask(ToyTask):
+    """Records the TF32 flags at every loss and validation call."""
+
+    def __init__(self):
+        self.seen: list[dict[str, bool]] = []
+
+    def loss(self, model, batch):
+        self.seen.append(tf32_flags())
+        return super().loss(model, batch)
+
+    def evaluate(self, model, loader):
+        self.seen.append(tf32_flags())
+        return super().evaluate(model, loader)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_is_the_run_config_choice_and_is_recorded(tmp_path, tf32):
+    before = tf32_flags()
+    task = FlagSpyTask()
+    fit(task, _cfg(epochs=1, tf32=tf32), tmp_path)
+    assert task.seen and all(seen == {"matmul": tf32, "cudnn": tf32} for seen in task.seen)
+    assert tf32_flags() == before
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["tf32"] is tf32
+
+
+def test_tf32_is_off_unless_asked_for():
+    assert TrainConfig().tf32 is False
