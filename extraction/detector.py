@@ -104,14 +104,19 @@ class Detector:
         images: list[np.ndarray | str | Path],
         ids: list[str] | None = None,
         timings: dict[str, float] | None = None,
+        original_sizes: list[tuple[int, int]] | None = None,
     ) -> list[RegionFeatures]:
         """Regions of each image (BGR uint8 arrays or paths); an image's regions do not depend on the
         other images of the call.
 
+        `original_sizes`, when given, says the images are already at the working size (`load_resized`)
+        and gives the (h, w) of their originals: boxes and sizes then come back in original pixels.
         `timings`, when given, accumulates seconds per stage (STAGES).
         """
         if ids is not None and len(ids) != len(images):
             raise ValueError(f"got {len(images)} images but {len(ids)} ids")
+        if original_sizes is not None and len(original_sizes) != len(images):
+            raise ValueError(f"got {len(images)} images but {len(original_sizes)} original sizes")
         if not images:
             return []
         if ids is None:
@@ -121,19 +126,23 @@ class Detector:
         # float32 means IEEE float32 on CUDA too: TF32 would move scores enough to swap near-tied regions
         with torch.inference_mode(), float32_precision(tf32=False):
             with stage("preprocess"):
-                originals = [
+                loaded = [
                     load_image(im) if isinstance(im, (str, Path)) else load_image(im, ids[i])
                     for i, im in enumerate(images)
                 ]
-                resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in originals]
+                if original_sizes is None:
+                    resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in loaded]
+                    original_sizes = [im.shape[:2] for im in loaded]
+                else:
+                    resized = loaded
                 inputs = [
                     batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
                 ]
             outputs = self.model(inputs, stage)
             with stage("selection"):
                 return [
-                    to_record(out, img_id, orig.shape[:2], im.shape[:2], self.selection, self._roi_coder)
-                    for out, img_id, orig, im in zip(outputs, ids, originals, resized, strict=True)
+                    to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)
+                    for out, img_id, size, im in zip(outputs, ids, original_sizes, resized, strict=True)
                 ]
 
 
