@@ -134,10 +134,9 @@ def _load_pil(
     """(the decoded upright image, the upright (h, w) its header states), or (None, (0, 0)) for formats
     PIL does not read. `working` = (min_size, max_size) decodes a JPEG at the smallest DCT scale (1/2,
     1/4, 1/8) that still holds the detector's working size."""
-    img = _open_header(data, label, max_pixels, working)
+    img, size = _open_header(data, label, max_pixels, working)
     if img is None:
         return None, (0, 0)
-    size = _upright_size(img)
     with _pil_errors(label):
         img.load()
     return ImageOps.exif_transpose(img), size
@@ -145,21 +144,23 @@ def _load_pil(
 
 def _open_header(
     data: bytes, label: str, max_pixels: int, working: tuple[int, int] | None
-) -> Image.Image | None:
-    """The image opened from its header (size checked, nothing decoded; a JPEG set to decode at the
-    working size when `working` is given), or None for formats PIL does not read."""
+) -> tuple[Image.Image | None, tuple[int, int]]:
+    """(the image opened from its header, size checked and nothing decoded, a JPEG set to decode at the
+    working size when `working` is given; the upright (h, w) the header states), or (None, (0, 0)) for
+    formats PIL does not read."""
     if not data:
         raise ImageError(f"image {label!r} is an empty (0-byte) file; re-download or remove it")
     with _pil_errors(label):
         try:
             img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
         except Image.UnidentifiedImageError:
-            return None
+            return None, (0, 0)
         _check_size(img.width, img.height, label, max_pixels)  # from the header: nothing decoded yet
+        size = _upright_size(img)
         if working is not None and img.format == "JPEG":
-            h, w = resized_shape(*_upright_size(img), *working)
+            h, w = resized_shape(*size, *working)
             img.draft(None, (h, w) if _is_transposed(img) else (w, h))
-        return img
+        return img, size
 
 
 @contextlib.contextmanager
@@ -221,7 +222,7 @@ def load_resized(
 def decode_bytes(data: bytes, name: str, min_size: int, max_size: int, max_pixels: int = MAX_PIXELS) -> int:
     """The most memory `load_resized` holds at once for `data`, from its header alone (nothing is
     decoded); ImageError for the images `load_image` refuses on their header."""
-    img = _open_header(data, name, max_pixels, (min_size, max_size))
+    img, _ = _open_header(data, name, max_pixels, (min_size, max_size))
     if img is not None:
         return img.width * img.height * DECODE_BYTES_PER_PIXEL
     size = _opencv_header_size(data)

@@ -23,6 +23,7 @@ from extraction.preprocess import decode_bytes, load_resized
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.apps.serve.decode_budget import DecodeBudget
+from pipelines.apps.serve.freed_memory import give_back_freed_memory
 from pipelines.apps.serve.service import Service, ServiceError
 from pipelines.apps.serve.upload_limit import UploadLimit
 from storage import RegionFeatures
@@ -198,6 +199,7 @@ async def _decode(
             try:
                 return load_resized(data, name, *backend.working_size)
             finally:  # in the worker: a request cancelled meanwhile does not free what is still decoding
+                give_back_freed_memory()
                 loop.call_soon_threadsafe(budget.release, cost)
 
         bgr, size = await run_in_threadpool(decode)
