@@ -16,6 +16,7 @@ from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import GridConfig
 from extraction.postprocess import to_grid_record, to_record
+from extraction.precision import float32_precision
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
 from extraction.rcnn import GRID_STAGES, NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
@@ -116,27 +117,37 @@ class Detector:
         images: list[np.ndarray | str | Path],
         ids: list[str] | None = None,
         timings: dict[str, float] | None = None,
+        original_sizes: list[tuple[int, int]] | None = None,
     ) -> list[RegionFeatures]:
         """Regions (or grid cells) of each image (BGR uint8 arrays or paths); an image's record does not
         depend on the other images of the call.
 
+        `original_sizes`, when given, says the images are already at the working size (`load_resized`)
+        and gives the (h, w) of their originals: boxes and sizes then come back in original pixels.
         `timings`, when given, accumulates seconds per stage (STAGES, or GRID_DETECT_STAGES with a grid).
         """
         if ids is not None and len(ids) != len(images):
             raise ValueError(f"got {len(images)} images but {len(ids)} ids")
+        if original_sizes is not None and len(original_sizes) != len(images):
+            raise ValueError(f"got {len(images)} images but {len(original_sizes)} original sizes")
         if not images:
             return []
         if ids is None:
             ids = [Path(im).stem if isinstance(im, (str, Path)) else str(i) for i, im in enumerate(images)]
         cfg = self.config
         stage = _StageTimer(timings, self.device)
-        with torch.inference_mode():
+        # float32 means IEEE float32 on CUDA too: TF32 would move scores enough to swap near-tied regions
+        with torch.inference_mode(), float32_precision(tf32=False):
             with stage("preprocess"):
-                originals = [
+                loaded = [
                     load_image(im) if isinstance(im, (str, Path)) else load_image(im, ids[i])
                     for i, im in enumerate(images)
                 ]
-                resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in originals]
+                if original_sizes is None:
+                    resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in loaded]
+                    original_sizes = [im.shape[:2] for im in loaded]
+                else:
+                    resized = loaded
                 inputs = [
                     batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
                 ]
@@ -147,19 +158,19 @@ class Detector:
                         to_grid_record(
                             out,
                             img_id,
-                            orig.shape[:2],
+                            size,
                             im.shape[:2],
                             self.grid,
                             self.selection.rule,
                             self.selection.class_probs,
                         )
-                        for out, img_id, orig, im in zip(cells, ids, originals, resized, strict=True)
+                        for out, img_id, size, im in zip(cells, ids, original_sizes, resized, strict=True)
                     ]
             outputs = self.model(inputs, stage)
             with stage("selection"):
                 return [
-                    to_record(out, img_id, orig.shape[:2], im.shape[:2], self.selection, self._roi_coder)
-                    for out, img_id, orig, im in zip(outputs, ids, originals, resized, strict=True)
+                    to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)
+                    for out, img_id, size, im in zip(outputs, ids, original_sizes, resized, strict=True)
                 ]
 
 

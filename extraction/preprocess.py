@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import stat
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 
 MAX_PIXELS = 50_000_000
 MAX_FILE_BYTES = 64 << 20  # a 50 MP JPEG is ~25 MB; bigger files are refused before they are read
+# peak memory of load_resized per decoded pixel, measured at 49 MP (tests/benchmarks/bench_decode.py):
+# WebP 16.0 (PIL's decoder holds RGBA twice), 16-bit PNG 12.0, RGB PNG 8.0, JPEG 11.9 at its reduced size
+DECODE_BYTES_PER_PIXEL = 17
+# Radiance HDR and PFM through OpenCV: float32 RGB (12 B/px) and the temporaries of rescaling it to uint8
+OPENCV_BYTES_PER_PIXEL = 64
 # the raster formats PIL may open, each decoded at the size its header states: not EPS (run through
 # Ghostscript), ICO (an embedded PNG may be larger than its directory says), PSD, WMF or scientific formats
 PIL_FORMATS = (
@@ -115,26 +122,114 @@ def _too_big(label: str, size: int, max_bytes: int) -> str:
 
 
 def _decode(data: bytes, label: str, max_pixels: int) -> np.ndarray:
+    img, _ = _load_pil(data, label, max_pixels)
+    if img is None:
+        return _decode_with_opencv(data, label, max_pixels)
+    return _pil_to_bgr(img, label, max_pixels)
+
+
+def _load_pil(
+    data: bytes, label: str, max_pixels: int, working: tuple[int, int] | None = None
+) -> tuple[Image.Image | None, tuple[int, int]]:
+    """(the decoded upright image, the upright (h, w) its header states), or (None, (0, 0)) for formats
+    PIL does not read. `working` = (min_size, max_size) decodes a JPEG at the smallest DCT scale (1/2,
+    1/4, 1/8) that still holds the detector's working size."""
+    img, size = _open_header(data, label, max_pixels, working)
+    if img is None:
+        return None, (0, 0)
+    with _pil_errors(label):
+        img.load()
+    return ImageOps.exif_transpose(img), size
+
+
+def _open_header(
+    data: bytes, label: str, max_pixels: int, working: tuple[int, int] | None
+) -> tuple[Image.Image | None, tuple[int, int]]:
+    """(the image opened from its header, size checked and nothing decoded, a JPEG set to decode at the
+    working size when `working` is given; the upright (h, w) the header states), or (None, (0, 0)) for
+    formats PIL does not read."""
     if not data:
         raise ImageError(f"image {label!r} is an empty (0-byte) file; re-download or remove it")
+    with _pil_errors(label):
+        try:
+            img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
+        except Image.UnidentifiedImageError:
+            return None, (0, 0)
+        _check_size(img.width, img.height, label, max_pixels)  # from the header: nothing decoded yet
+        size = _upright_size(img)
+        if working is not None and img.format == "JPEG":
+            h, w = resized_shape(*size, *working)
+            img.draft(None, (h, w) if _is_transposed(img) else (w, h))
+        return img, size
+
+
+@contextlib.contextmanager
+def _pil_errors(label: str) -> Iterator[None]:
+    """PIL's refusals as one-line ImageErrors naming the image."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data), formats=PIL_FORMATS)
-            _check_size(img.width, img.height, label, max_pixels)  # from the header: nothing decoded yet
-            img.load()
+            yield
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(f"image {label!r} is too large to decode ({exc})") from exc
-    except Image.UnidentifiedImageError:
-        return _decode_with_opencv(data, label, max_pixels)
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(
             f"image {label!r} is truncated or corrupt (PIL: {exc}); re-encode or remove it"
         ) from exc
-    img = ImageOps.exif_transpose(img)
-    return _pil_to_bgr(img, label, max_pixels)
+
+
+def _is_transposed(img: Image.Image) -> bool:
+    """Whether EXIF orientation swaps width and height (exif_transpose's rotations by 90 degrees)."""
+    return img.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+
+
+def _upright_size(img: Image.Image) -> tuple[int, int]:
+    return (img.width, img.height) if _is_transposed(img) else (img.height, img.width)
+
+
+def load_resized(
+    data: bytes,
+    name: str,
+    min_size: int,
+    max_size: int,
+    max_bytes: int = MAX_FILE_BYTES,
+    max_pixels: int = MAX_PIXELS,
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """Encoded bytes straight to the detector's working size: (BGR uint8 resized as `resize_image`
+    would, the original upright (h, w)). Only the working-size image outlives the call.
+
+    A JPEG is decoded at a reduced DCT scale that still holds the working size, then resized: close to,
+    not bit for bit, resizing the full decode. Other formats are decoded in full, and their result is
+    exactly `resize_image(load_image(data))`. Refusals are `load_image`'s.
+    """
+    if len(data) > max_bytes:
+        raise ImageError(_too_big(name, len(data), max_bytes))
+    img, size = _load_pil(data, name, max_pixels, (min_size, max_size))
+    if img is None:
+        bgr = _decode_with_opencv(data, name, max_pixels)
+        return resize_image(bgr, min_size, max_size), bgr.shape[:2]
+    new_h, new_w = resized_shape(*size, min_size, max_size)
+    if img.mode in _WIDE_MODES:
+        return resize_image(_pil_to_bgr(img, name, max_pixels), min_size, max_size), size
+    img = _to_rgb(img)
+    if img.size != (new_w, new_h):
+        img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)  # per channel: RGB or BGR alike
+    return np.ascontiguousarray(np.asarray(img)[:, :, ::-1]), size
+
+
+def decode_bytes(data: bytes, name: str, min_size: int, max_size: int, max_pixels: int = MAX_PIXELS) -> int:
+    """The most memory `load_resized` holds at once for `data`, from its header alone (nothing is
+    decoded); ImageError for the images `load_image` refuses on their header."""
+    img, _ = _open_header(data, name, max_pixels, (min_size, max_size))
+    if img is not None:
+        return img.width * img.height * DECODE_BYTES_PER_PIXEL
+    size = _opencv_header_size(data)
+    if size is None:
+        raise ImageError(f"{name!r} is not an image PIL or OpenCV can decode; remove it from the input")
+    _check_size(*size, name, max_pixels)
+    return size[0] * size[1] * OPENCV_BYTES_PER_PIXEL
 
 
 def _decode_with_opencv(data: bytes, label: str, max_pixels: int) -> np.ndarray:
@@ -180,15 +275,20 @@ def _check_size(width: int, height: int, label: str, max_pixels: int) -> None:
         )
 
 
+_WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+
+
 def _pil_to_bgr(img: Image.Image, label: str, max_pixels: int) -> np.ndarray:
-    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+    if img.mode in _WIDE_MODES:
         # 16-bit grayscale: scale the full range to 8 bits (PIL's convert("RGB") would clip at 255)
         return _from_array(np.asarray(img), label, max_pixels)
+    return np.ascontiguousarray(np.asarray(_to_rgb(img))[:, :, ::-1])
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
     if img.mode == "P":
         img = img.convert("RGBA")
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return np.ascontiguousarray(np.asarray(img)[:, :, ::-1])
+    return img if img.mode == "RGB" else img.convert("RGB")
 
 
 def _from_array(arr: np.ndarray, label: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:

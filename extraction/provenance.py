@@ -75,6 +75,7 @@ def provenance(
         "min_boxes": min_boxes,
         "max_boxes": max_boxes,
         "feature_dim": int(feature_dim),
+        "tf32": False,  # Detector.detect runs CUDA matmuls and convolutions in IEEE float32
         **(
             {"classes": weights["classes"], "attributes": weights["attributes"]}
             if "classes" in weights

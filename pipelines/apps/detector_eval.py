@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from extraction.detector import Detector
+from extraction.precision import float32_precision
 from pipelines.data.detection import DetectionCollate, DetectionDataset, load_detection_json
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.detection import DetectorTaskConfig, evaluate_detector
@@ -49,6 +50,6 @@ def evaluate_weights(
             batch["targets"] = [{k: v.to(detector.device) for k, v in t.items()} for t in batch["targets"]]
             yield batch
 
-    with torch.inference_mode():
+    with torch.inference_mode(), float32_precision(tf32=False):  # as extraction runs the weights
         metrics = evaluate_detector(detector.model, batches(), data, DetectorTaskConfig())
     return {k: float(v) for k, v in metrics.items()} | {"images": len(dataset)}

@@ -72,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.max_upload_mb,
         help=f"largest upload (default: {d.max_upload_mb:g})",
     )
+    parser.add_argument(
+        "--max-decode-mb",
+        type=float,
+        default=d.max_decode_mb,
+        help="memory all uploads being decoded may hold at once, about 17 bytes per decoded pixel (a 50 MP "
+        "PNG or WebP: ~790 MiB; a JPEG is decoded at the detector's working size); more wait their turn "
+        f"and get 503 after --timeout, one image above it 413 (default: {d.max_decode_mb:g})",
+    )
     parser.add_argument("--top-k", type=int, default=d.top_k, help=f"answers returned (default: {d.top_k})")
     parser.add_argument(
         "--beam-size", type=int, default=d.beam_size, help=f"caption beam width (default: {d.beam_size})"
@@ -94,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             max_pending=args.max_pending,
             timeout_s=args.timeout,
             max_upload_mb=args.max_upload_mb,
+            max_decode_mb=args.max_decode_mb,
             top_k=args.top_k,
             beam_size=args.beam_size,
         )

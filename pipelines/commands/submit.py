@@ -11,10 +11,11 @@ log = logging.getLogger(__name__)
 EPILOG = """\
 example: xmodal submit --address http://HEAD:8265 -- extract /data/images --out /data/feats.lmdb
 
-The working dir (default: .) is uploaded without caches (.venv, .git, runs, ...), secrets (.env*, keys,
-tokens, credentials), weights (*.pt, *.bin, *.safetensors, *.pkl, ...) and data (*.lmdb, *.h5, *.tsv,
-images, archives); what goes up and its size are printed first (--include PATTERN puts a file back), and
-more than Ray's upload limit (512 MiB) is refused before sending. Then
+The working dir (default: .) is uploaded without caches (.venv, .git, runs, ...), weights (*.pt, *.bin,
+*.safetensors, *.pkl, ...) and data (*.lmdb, *.h5, *.tsv, images, archives), which --include PATTERN puts
+back, and never with secrets (.env*, .ssh/, SSH keys, *.pem, *.key, .netrc, cloud credentials, tokens) or
+links that leave the folder or point to folders. What goes up, its size and what stayed home are printed
+first, and more than Ray's upload limit (512 MiB) is refused before sending. Then
 `python -m pipelines COMMAND...` (that is, `xmodal COMMAND...` from the uploaded code) runs on the head
 with the cluster's Python, in a temporary copy of the working dir that Ray deletes afterwards. So before
 anything is sent: --out must be absolute (a path on the cluster's shared storage), and a relative input

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torchvision.ops import nms
 
 from extraction.config import SELECTION_RULES
 from extraction.selection import (
@@ -120,6 +121,48 @@ def test_max_conf_with_floor_is_exact_above_the_floor(floor):
     known = full >= floor
     assert torch.equal(part[known], full[known])
     assert bool((part[~known] == 0).all())
+
+
+def per_class_loop_max_conf(
+    boxes: torch.Tensor, fg: torch.Tensor, thresh: float, floor: float
+) -> torch.Tensor:
+    """The per-class loop the batched call replaces: one torchvision NMS per class, over that class's
+    pairs in proposal order (a stable sort keeps the lower proposal first among tied scores)."""
+    max_conf = torch.zeros(fg.shape[0])
+    for c in range(fg.shape[1]):
+        idx = torch.nonzero(fg[:, c] >= floor).flatten()
+        if idx.numel():
+            keep = idx[nms(boxes[idx], fg[idx, c], thresh)]
+            max_conf[keep] = torch.maximum(max_conf[keep], fg[keep, c])
+    return max_conf
+
+
+def tied_score_table(seed: int, num: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes with exact duplicates and heavy overlap, and foreground scores on a coarse grid (many ties)."""
+    boxes_np, _, _ = score_table(seed, num=num, classes=classes)
+    boxes = torch.from_numpy(boxes_np)
+    boxes[num // 2 :: 3] = boxes[: len(boxes[num // 2 :: 3])]  # duplicated boxes: IoU exactly 1
+    rng = np.random.default_rng(seed)
+    fg = torch.from_numpy(rng.integers(0, 8, size=(num, classes)).astype(np.float32) / 20)
+    return boxes, fg
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("floor", [0.0, 0.05, 0.2])
+@pytest.mark.parametrize(("num", "classes"), [(40, 25), (300, 60)])  # 300 x 60 takes the >4000 path
+def test_batched_max_conf_equals_per_class_loop(seed, floor, num, classes):
+    boxes, fg = tied_score_table(seed, num, classes)
+    got = per_class_max_conf(boxes, fg, 0.3, floor)
+    want = per_class_loop_max_conf(boxes, fg, 0.3, floor)
+    assert torch.equal(got, want)
+    assert bool((want > 0).any())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batched_max_conf_on_cuda_equals_the_cpu_loop():
+    boxes, fg = tied_score_table(7, 300, 1600)
+    got = per_class_max_conf(boxes.cuda(), fg.cuda(), 0.3, 0.05).cpu()
+    assert torch.equal(got, per_class_loop_max_conf(boxes, fg, 0.3, 0.05))
 
 
 @pytest.mark.parametrize(("seed", "temperature", "min_boxes", "max_boxes"), CASES)

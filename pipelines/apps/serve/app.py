@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -16,10 +17,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from extraction import ImageError, load_image
+from extraction import ImageError
 from extraction.draw import region_label
+from extraction.preprocess import decode_bytes, load_resized
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
+from pipelines.apps.serve.decode_budget import DecodeBudget
+from pipelines.apps.serve.freed_memory import give_back_freed_memory
 from pipelines.apps.serve.service import Service, ServiceError
 from pipelines.apps.serve.upload_limit import UploadLimit
 from storage import RegionFeatures
@@ -34,6 +38,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
     """The application serving `backend`; its workers stop when the application shuts down."""
     config = config or ServeConfig()
     service = Service(backend, config)
+    budget = DecodeBudget(int(config.max_decode_mb * 2**20), config.timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -57,6 +62,11 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             "status": "ok",
             **backend.describe(),
             "queue": {"pending": service.pending, "max_pending": config.max_pending},
+            "decoding": {
+                "budget_mb": config.max_decode_mb,
+                "in_use_mb": budget.used / 2**20,
+                "waiting": budget.waiting,
+            },
             "batching": {
                 "max_batch": config.max_batch,
                 "max_wait_ms": config.max_wait_ms,
@@ -69,8 +79,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
     async def regions(image: UploadFile = File(...)) -> dict:
         with service.admitted():
             started = time.perf_counter()
-            bgr, name = await _decode(image)
-            found = await service.run(service.regions(bgr, name))
+            bgr, name, size = await _decode(image, backend, budget)
+            found = await service.run(service.regions(bgr, name, size))
             return {
                 "image": _image_json(found, name),
                 "regions": [_region_json(found, i, backend) for i in range(found.num_boxes)],
@@ -93,8 +103,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             raise ServiceError(400, f"top_k must be between 1 and 100, got {top_k}")
         with service.admitted():
             started = time.perf_counter()
-            bgr, name = await _decode(image)
-            found, answered = await service.run(service.ask(bgr, name, question, top_k))
+            bgr, name, size = await _decode(image, backend, budget)
+            found, answered = await service.run(service.ask(bgr, name, size, question, top_k))
             order = np.argsort(-answered.attention, kind="stable")[: config.attended]
             regions = [_region_json(found, i, backend) for i in range(found.num_boxes)]
             for entry, weight in zip(regions, answered.attention.tolist(), strict=True):
@@ -124,8 +134,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             raise ServiceError(400, f"beam_size must be between 1 and {MAX_BEAM_SIZE}, got {beam_size}")
         with service.admitted():
             started = time.perf_counter()
-            bgr, name = await _decode(image)
-            found, captioned = await service.run(service.caption(bgr, name, beam_size))
+            bgr, name, size = await _decode(image, backend, budget)
+            found, captioned = await service.run(service.caption(bgr, name, size, beam_size))
             words = []
             for word, weights in zip(captioned.words, captioned.attentions, strict=True):
                 order = np.argsort(-weights, kind="stable")[: config.attended]
@@ -173,11 +183,27 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
 
-async def _decode(upload: UploadFile) -> tuple[np.ndarray, str]:
+async def _decode(
+    upload: UploadFile, backend: Backend, budget: DecodeBudget
+) -> tuple[np.ndarray, str, tuple[int, int]]:
+    """The upload at the detector's working size, its name and its original (h, w): decoded within the
+    budget, which is held from the header's size until the full-size pixels are gone."""
     name = upload.filename or "upload"
     data = await upload.read()
     try:
-        return await run_in_threadpool(load_image, data, name), name
+        cost = decode_bytes(data, name, *backend.working_size)
+        await budget.acquire(cost, name)
+        loop = asyncio.get_running_loop()
+
+        def decode() -> tuple[np.ndarray, tuple[int, int]]:
+            try:
+                return load_resized(data, name, *backend.working_size)
+            finally:  # in the worker: a request cancelled meanwhile does not free what is still decoding
+                give_back_freed_memory()
+                loop.call_soon_threadsafe(budget.release, cost)
+
+        bgr, size = await run_in_threadpool(decode)
+        return bgr, name, size
     except ImageError as exc:
         # extraction's advice is about an input folder ("remove it"); an upload is fixed by sending another
         reason = re.sub(r"; (re-download or )?remove it( from the input)?$", "", str(exc))

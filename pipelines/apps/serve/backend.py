@@ -66,9 +66,17 @@ class Backend:
         self.object_names = object_names
         self.attr_names = attr_names
 
-    def detect(self, images: list[np.ndarray], ids: list[str]) -> list[RegionFeatures]:
-        """Regions of each BGR uint8 image, the images run through the detector as one batch."""
-        return self.detector.detect(images, ids=ids)
+    @property
+    def working_size(self) -> tuple[int, int]:
+        """The detector's (min_size, max_size): uploads are decoded straight to it."""
+        return self.detector.config.min_size, self.detector.config.max_size
+
+    def detect(
+        self, images: list[np.ndarray], ids: list[str], original_sizes: list[tuple[int, int]] | None = None
+    ) -> list[RegionFeatures]:
+        """Regions of each BGR uint8 image, the images run through the detector as one batch; with
+        `original_sizes`, the images are at the working size and boxes come back in the originals' pixels."""
+        return self.detector.detect(images, ids=ids, original_sizes=original_sizes)
 
     def answer(self, regions: RegionFeatures, question: str, top_k: int) -> Answered:
         """The model's answers to `question` about the image whose detector output is `regions`."""

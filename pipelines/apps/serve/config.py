@@ -30,6 +30,9 @@ class ServeConfig:
     max_pending: int = 32  # requests waiting for or inside the models; more are refused with 503
     timeout_s: float = 60.0  # a request waiting longer gets a 504
     max_upload_mb: float = 20.0  # request bodies above this are refused with 413
+    # memory all uploads being decoded may hold at once (about 17 bytes per decoded pixel, so 810 MiB for
+    # a 50 MP PNG or WebP; a JPEG decodes at the detector's working size); more wait, then get 503
+    max_decode_mb: float = 1024.0
     top_k: int = 5  # answers returned when the request does not say
     beam_size: int = 3  # caption beam width when the request does not say
     attended: int = 5  # regions listed as the answer's most attended
@@ -39,7 +42,7 @@ class ServeConfig:
         for name in ("max_batch", "max_pending", "top_k", "beam_size", "attended", "max_question_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("timeout_s", "max_upload_mb"):
+        for name in ("timeout_s", "max_upload_mb", "max_decode_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_wait_ms < 0:

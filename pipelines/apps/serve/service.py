@@ -36,8 +36,9 @@ class Service:
         # share the same cores
         self.model = Batcher(self._call, 1, 0.0, "xmodal-model")
 
-    def _detect(self, items: list[tuple[np.ndarray, str]]) -> list[RegionFeatures]:
-        return self.backend.detect([image for image, _ in items], [name for _, name in items])
+    def _detect(self, items: list[tuple[np.ndarray, str, tuple[int, int]]]) -> list[RegionFeatures]:
+        images, names, sizes = zip(*items, strict=True)
+        return self.backend.detect(list(images), list(names), list(sizes))
 
     @staticmethod
     def _call(items: list) -> list:
@@ -72,22 +73,23 @@ class Service:
         except ValueError as exc:  # the ask and caption apps' refusals: no region found, feature width
             raise ServiceError(422, str(exc)) from None
 
-    async def regions(self, image: np.ndarray, name: str) -> RegionFeatures:
-        return await asyncio.wrap_future(self.detector.submit((image, name)))
+    async def regions(self, image: np.ndarray, name: str, size: tuple[int, int]) -> RegionFeatures:
+        """The regions of `image` (at the working size) in the pixels of its original, (h, w) `size`."""
+        return await asyncio.wrap_future(self.detector.submit((image, name, size)))
 
     async def ask(
-        self, image: np.ndarray, name: str, question: str, top_k: int
+        self, image: np.ndarray, name: str, size: tuple[int, int], question: str, top_k: int
     ) -> tuple[RegionFeatures, Answered]:
-        regions = await self.regions(image, name)
+        regions = await self.regions(image, name, size)
         answered = await asyncio.wrap_future(
             self.model.submit((self.backend.answer, regions, question, top_k))
         )
         return regions, answered
 
     async def caption(
-        self, image: np.ndarray, name: str, beam_size: int
+        self, image: np.ndarray, name: str, size: tuple[int, int], beam_size: int
     ) -> tuple[RegionFeatures, CaptionResult]:
-        regions = await self.regions(image, name)
+        regions = await self.regions(image, name, size)
         work = (self.backend.caption, regions, beam_size)
         captioned = await asyncio.wrap_future(self.model.submit(work))
         return regions, captioned

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch.utils.data import Dataset
 
+from extraction.precision import tf32_flags
 from pipelines.engine import trainer
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
@@ -378,3 +380,32 @@ def test_a_fork_needs_a_checkpoint_to_go_on_from_and_a_new_run_directory(tmp_pat
     fit(ToyTask(), _cfg(max_steps=8, lr=0.05), tmp_path / "c", resume=True)  # new settings: allowed once
     with pytest.raises(ValueError, match=r"train\.lr was 0\.05, now 0\.02"):
         fit(ToyTask(), _cfg(max_steps=12), tmp_path / "c", resume=True)  # then the fork's own are kept
+
+
+class FlagSpyTask(ToyTask):
+    """Records the TF32 flags at every loss and validation call."""
+
+    def __init__(self):
+        self.seen: list[dict[str, bool]] = []
+
+    def loss(self, model, batch):
+        self.seen.append(tf32_flags())
+        return super().loss(model, batch)
+
+    def evaluate(self, model, loader):
+        self.seen.append(tf32_flags())
+        return super().evaluate(model, loader)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_tf32_is_the_run_config_choice_and_is_recorded(tmp_path, tf32):
+    before = tf32_flags()
+    task = FlagSpyTask()
+    fit(task, _cfg(epochs=1, tf32=tf32), tmp_path)
+    assert task.seen and all(seen == {"matmul": tf32, "cudnn": tf32} for seen in task.seen)
+    assert tf32_flags() == before
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["train"]["tf32"] is tf32
+
+
+def test_tf32_is_off_unless_asked_for():
+    assert TrainConfig().tf32 is False

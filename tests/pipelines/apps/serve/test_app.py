@@ -34,10 +34,10 @@ class Gated(Backend):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def detect(self, images, ids):
+    def detect(self, images, ids, original_sizes=None):
         self.entered.set()
         assert self.gate.wait(60)
-        return super().detect(images, ids)
+        return super().detect(images, ids, original_sizes)
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +305,7 @@ class Faulty(Backend):
     def __init__(self, backend: Backend):
         super().__init__(backend.detector, backend.answerer, backend.captioner)
 
-    def detect(self, images, ids):
+    def detect(self, images, ids, original_sizes=None):
         if "broken.png" in ids:
             raise RuntimeError("CUDA error: device-side assert")
         empty = np.zeros((0, 4), np.float32), np.zeros((0, 2048), np.float32)
