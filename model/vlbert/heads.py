@@ -48,6 +48,7 @@ class VlBertForQuestionAnswering(PretrainedMixin, nn.Module):
     soft-score BCE x A, as the release trains it."""
 
     config_class = VlBertConfig
+    takes_image_size = True  # the pipelines pass `image_size` (pipelines.data.regions.inputs_for)
     base_model_prefix = "vlbert."
 
     def __init__(self, cfg: VlBertConfig, num_answers: int):
@@ -75,6 +76,7 @@ class VlBertForQuestionAnswering(PretrainedMixin, nn.Module):
         visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         labels: torch.Tensor | None = None,
+        image_size: torch.Tensor | None = None,
     ) -> ClassificationOutput:
         """Text `[CLS] question [SEP]` padded on the right (the answer segment is added here);
         labels (B, A) soft answer scores in [0, 1]."""
@@ -83,7 +85,14 @@ class VlBertForQuestionAnswering(PretrainedMixin, nn.Module):
             input_ids, attention_mask, token_type_ids, cfg.mask_token_id, cfg.sep_token_id
         )
         out = self.vlbert(
-            ids, mask, types, visual_feats, visual_pos, visual_attention_mask, output_attentions
+            ids,
+            mask,
+            types,
+            visual_feats,
+            visual_pos,
+            visual_attention_mask,
+            output_attentions,
+            image_size=image_size,
         )
         rows = torch.arange(ids.shape[0], device=ids.device)
         logits = self.final_mlp(out.text_output[rows, answer_at])
@@ -105,6 +114,7 @@ class VlBertForNLVR2(PretrainedMixin, nn.Module):
     ReLU, dropout, Linear(H, 2)), the release's two-layer classifier."""
 
     config_class = VlBertConfig
+    takes_image_size = True  # the pipelines pass `image_size` (pipelines.data.regions.inputs_for)
     base_model_prefix = "vlbert."
 
     def __init__(self, cfg: VlBertConfig):
@@ -127,8 +137,10 @@ class VlBertForNLVR2(PretrainedMixin, nn.Module):
         visual_attention_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
         labels: torch.Tensor | None = None,
+        image_size: torch.Tensor | None = None,
     ) -> ClassificationOutput:
-        """Text (B, L); visual_feats (B, 2, N, D), visual_pos (B, 2, N, 4), visual mask (B, 2, N)."""
+        """Text (B, L); visual_feats (B, 2, N, D), visual_pos (B, 2, N, 4), visual mask (B, 2, N),
+        image_size (B, 2, 2)."""
         check_image_pairs(visual_feats)
         out = self.vlbert(
             each_sentence_twice(input_ids),
@@ -138,6 +150,7 @@ class VlBertForNLVR2(PretrainedMixin, nn.Module):
             image_rows(visual_pos),
             image_rows(visual_attention_mask),
             output_attentions,
+            image_size=image_rows(image_size),
         )
         b = input_ids.shape[0]
         logits = self.final_mlp(out.text_output[:, 0].reshape(b, -1))

@@ -26,7 +26,7 @@ from ..layers.bert import BertEncoder
 from ..layers.init import init_weights
 from ..pretrained import PretrainedMixin
 from .config import VlBertConfig
-from .geometry import box_geometry
+from .geometry import box_geometry, release_boxes
 
 VISUAL_SEGMENT = 2
 
@@ -55,6 +55,7 @@ class VlBert(PretrainedMixin, nn.Module):
     """The VL-BERT backbone (`vlbert.*` of the release, with its visual feature embedding)."""
 
     config_class = VlBertConfig
+    takes_image_size = True  # the pipelines pass `image_size` (pipelines.data.regions.inputs_for)
     base_model_prefix = ""
 
     def __init__(self, cfg: VlBertConfig):
@@ -97,11 +98,14 @@ class VlBert(PretrainedMixin, nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         image_feats: torch.Tensor | None = None,
         region_words: torch.Tensor | None = None,
+        image_size: torch.Tensor | None = None,
     ) -> VlBertOutput:
         """input_ids (B, L) padded on the right; attention_mask (B, L); visual_feats (B, N, D); visual_pos
         (B, N, 4) boxes normalised to [0, 1]; visual_attention_mask (B, N) 1 = real region.
         image_feats (B, D): the whole image's appearance (default: the mean of the real regions');
-        region_words (B, N, H): the regions' linguistic embeddings (default: [IMG])."""
+        region_words (B, N, H): the regions' linguistic embeddings (default: [IMG]);
+        image_size (B, 2): the images' (width, height) in pixels, for the release's whole-image box and
+        clamping (`release_boxes`); without it the whole image is [0, 0, 1, 1]."""
         b, length = input_ids.shape
         text_mask, region_mask = self._check_inputs(
             input_ids, attention_mask, visual_feats, visual_pos, visual_attention_mask
@@ -115,7 +119,7 @@ class VlBert(PretrainedMixin, nn.Module):
         if image_feats is None:
             weight = region_mask[..., None].to(visual_feats.dtype)
             image_feats = (visual_feats * weight).sum(1) / weight.sum(1).clamp(min=1)
-        whole = visual_pos.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(b, 1, 4)
+        whole, visual_pos = release_boxes(visual_pos, image_size)
         visual = self.visual_embeddings(
             torch.cat([image_feats[:, None], visual_feats], 1), torch.cat([whole, visual_pos], 1)
         )  # (B, 1 + N, H)

@@ -70,6 +70,7 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
     """VL-BERT with the masked-LM and masked-RoI-classification heads (release names)."""
 
     config_class = VlBertConfig
+    takes_image_size = True  # the pipelines pass `image_size` (pipelines.data.regions.inputs_for)
     base_model_prefix = "vlbert."
     WHOLE_WORD_MASKING: ClassVar[bool] = True  # the recipe: a word's pieces are masked together
     # the collator leaves masked regions' features as they are (none zeroed or swapped): the model
@@ -102,6 +103,7 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
         region_probs: torch.Tensor | None = None,
         region_labels: torch.Tensor | None = None,
         region_weights: torch.Tensor | None = None,
+        image_size: torch.Tensor | None = None,
     ) -> VlBertPreTrainingOutput:
         """Backbone inputs as `VlBert.forward`, and:
         lm_labels (B, L), -100 = not masked (the caller masks whole words);
@@ -138,6 +140,7 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
             visual_attention_mask,
             output_attentions,
             image_feats=image_feats,
+            image_size=image_size,
             region_words=region_words,
         )
         words_table = self.vlbert.word_embeddings.weight

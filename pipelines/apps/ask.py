@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from extraction.draw import Drawing, Label
-from pipelines.data.regions import pad_regions, region_arrays
+from pipelines.data.regions import image_sizes, inputs_for, pad_regions, region_arrays
 from pipelines.data.text import encode_text, pad_text
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
@@ -74,9 +74,10 @@ def ask(tuned: Finetuned, regions: RegionFeatures, question: str, top_k: int = D
         raise ValueError(f"the detector found no region in {regions.img_id!r}; nothing to look at")
     feats, boxes = region_arrays(regions)
     batch = pad_text([encode_text(tuned.tokenizer, question, tuned.max_length)], tuned.tokenizer.pad_token_id)
-    batch.update(pad_regions([feats], [boxes]).model_inputs())
+    sizes = image_sizes(regions.img_w, regions.img_h)
+    batch.update(pad_regions([feats], [boxes], sizes=sizes).model_inputs())
     device = next(tuned.model.parameters()).device
-    inputs = {k: v.to(device) for k, v in batch.items()}
+    inputs = {k: v.to(device) for k, v in inputs_for(tuned.model, batch).items()}
     out = tuned.model(**inputs, output_attentions=True)
     scores = torch.sigmoid(out.logits[0].float())
     top = torch.topk(scores, min(top_k, scores.numel()))

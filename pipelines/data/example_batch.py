@@ -59,7 +59,6 @@ class ExampleBatch:
         regions padded to the widest."""
         if len(batches) == 1:
             return batches[0]
-        slots = max(b.regions.valid.shape[1] for b in batches)
 
         def pad(a: np.ndarray, width: int, value=0) -> np.ndarray:
             grow = [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
@@ -75,11 +74,7 @@ class ExampleBatch:
         return ExampleBatch(
             ids=[i for b in batches for i in b.ids],
             images=[i for b in batches for i in b.images],
-            regions=PaddedRegions(
-                np.concatenate([pad(b.regions.feats, slots) for b in batches]),
-                np.concatenate([pad(b.regions.boxes, slots) for b in batches]),
-                np.concatenate([pad(b.regions.valid, slots) for b in batches]),
-            ),
+            regions=PaddedRegions.concat([b.regions for b in batches]),
             token_ids=token_ids,
             lengths=lengths,
             labels=np.concatenate(labels) if all(x is not None for x in labels) else None,

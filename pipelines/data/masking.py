@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pipelines.data.pretrain import PretrainBatch, PretrainExample
-from pipelines.data.regions import normalized_batch_boxes
+from pipelines.data.regions import IMAGE_SIZE, image_sizes, normalized_batch_boxes
 from pipelines.data.shared_memory import as_tensor
 from pipelines.data.text import EncodedTexts
 
@@ -302,6 +302,7 @@ class PretrainCollator:
             out["visual_feats"] = as_tensor(feats)
         out["visual_pos"] = torch.from_numpy(boxes)
         out["visual_attention_mask"] = torch.from_numpy(valid.astype(np.int64))
+        out[IMAGE_SIZE] = torch.from_numpy(image_sizes(regions.img_w, regions.img_h))
         if cfg.matched:
             out["matched_labels"] = torch.from_numpy(matched.astype(np.int64))
         if cfg.qa:

@@ -200,7 +200,6 @@ class QABatch:
     def concat(batches: list[QABatch], pad_id: int) -> QABatch:
         """Several batches (e.g. single questions) as one, text and regions padded to the widest."""
         length = max(b.token_ids.shape[1] for b in batches)
-        slots = max(b.regions.valid.shape[1] for b in batches)
 
         def pad(a: np.ndarray, width: int, value=0) -> np.ndarray:
             grow = [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
@@ -211,11 +210,7 @@ class QABatch:
             ids=[i for b in batches for i in b.ids],
             token_ids=np.concatenate([pad(b.token_ids, length, pad_id) for b in batches]),
             lengths=np.concatenate([b.lengths for b in batches]),
-            regions=PaddedRegions(
-                np.concatenate([pad(b.regions.feats, slots) for b in batches]),
-                np.concatenate([pad(b.regions.boxes, slots) for b in batches]),
-                np.concatenate([pad(b.regions.valid, slots) for b in batches]),
-            ),
+            regions=PaddedRegions.concat([b.regions for b in batches]),
             targets=np.concatenate(targets) if all(t is not None for t in targets) else None,
         )
 

@@ -13,9 +13,10 @@ from torch.utils.data import Dataset
 
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_json, read_rows
+from pipelines.data.regions import IMAGE_SIZE
 from pipelines.data.text import EncodedTexts
 
-VISUAL_INPUTS = ("visual_feats", "visual_pos", "visual_attention_mask")
+VISUAL_INPUTS = ("visual_feats", "visual_pos", "visual_attention_mask", IMAGE_SIZE)
 # Training: each caption against its own image and this many others of the batch (the release: 1 + 3).
 CANDIDATES = 4
 
@@ -217,4 +218,4 @@ def collate_candidates(
 def candidate_inputs(batch: dict) -> dict:
     """A `collate_candidates` batch with its visual tensors gathered per caption: (B, K, N, ...)."""
     rows = batch["candidates"]
-    return {**batch, **{name: batch[name][rows] for name in VISUAL_INPUTS}}
+    return {**batch, **{name: batch[name][rows] for name in VISUAL_INPUTS if name in batch}}

@@ -19,7 +19,7 @@ from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
 from pipelines.data.image_refs import StoreImages
-from pipelines.data.regions import float_inputs
+from pipelines.data.regions import IMAGE_SIZE, float_inputs, inputs_for
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
 from pipelines.tasks.model_setup import data_overrides
@@ -37,6 +37,7 @@ MODEL_INPUTS = (
     "visual_feats",
     "visual_pos",
     "visual_attention_mask",
+    IMAGE_SIZE,
 )
 
 
@@ -326,7 +327,7 @@ class FinetuneTask:
         return self.collate_items(items, self.tokenizer.pad_token_id)
 
     def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        out = model(**model_inputs(batch), labels=batch["labels"])
+        out = model(**model_inputs(batch, model), labels=batch["labels"])
         return out.loss, {}
 
     def evaluate(self, model: torch.nn.Module, loader: Iterable[dict]) -> dict[str, float]:
@@ -347,7 +348,7 @@ class FinetuneTask:
         predictions: dict = {}
         losses: list[tuple[float, int]] = []
         for batch in batches:
-            out = model(**model_inputs(batch), labels=batch.get("labels"))
+            out = model(**model_inputs(batch, model), labels=batch.get("labels"))
             decoded = cls.decode(out.logits.float(), answers)
             predictions.update(zip(batch["ids"], decoded, strict=True))
             if out.loss is not None:
@@ -389,9 +390,9 @@ def _family(cfg: FinetuneConfig):
     return family
 
 
-def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
-    """The model's keyword inputs out of a collated batch."""
-    return float_inputs({k: batch[k] for k in MODEL_INPUTS})
+def model_inputs(batch: dict, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s keyword inputs out of a collated batch."""
+    return float_inputs(inputs_for(model, {k: batch[k] for k in MODEL_INPUTS if k in batch}))
 
 
 def _saved_model_config(directory: Path) -> dict:

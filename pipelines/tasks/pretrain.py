@@ -19,7 +19,7 @@ from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
 from pipelines.data.masking import MaskingConfig, PretrainCollator, apply_object_masking
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
-from pipelines.data.regions import float_inputs
+from pipelines.data.regions import IMAGE_SIZE, float_inputs, inputs_for
 from pipelines.data.text import EncodedTexts, load_tokenizer, save_tokenizer, write_vocab
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
@@ -40,6 +40,7 @@ MODEL_INPUTS = (
     "visual_feats",
     "visual_pos",
     "visual_attention_mask",
+    IMAGE_SIZE,
     "lm_labels",
     "matched_labels",
     "obj_labels",
@@ -287,7 +288,7 @@ class PretrainTask:
     def _forward(self, model: torch.nn.Module, batch: dict) -> tuple[PreTrainingOutput, torch.Tensor]:
         """The model on the batch (without QA labels before QA starts) and the loss with `qa_weight`."""
         inputs = apply_object_masking(float_inputs(batch))
-        inputs = {k: inputs[k] for k in MODEL_INPUTS if k in inputs}
+        inputs = inputs_for(model, {k: inputs[k] for k in MODEL_INPUTS if k in inputs})
         if not self.qa_active:
             inputs.pop("answer_labels", None)
         out = model(**inputs)
