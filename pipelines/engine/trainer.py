@@ -385,7 +385,8 @@ class TrainingRun:
             for s in range(first_step, self.steps_per_epoch)
             for a in range(cfg.grad_accum)
         ]
-        return raising(self._loader(Carrying(data), mine))
+        # the loader's iterator is made here, not at the first batch: making it draws from torch's RNG
+        return raising(iter(self._loader(Carrying(data), mine)))
 
     def _loader(self, data: Dataset, indices: list[int]) -> DataLoader:
         workers = self.cfg.loader_workers
