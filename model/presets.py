@@ -67,6 +67,16 @@ RANGES: dict[str, str] = {
     "unk_token_id": ">= 0",
     "mask_token_id": ">= 0",
     "sep_token_id": ">= 0",
+    # DALL-E's transformer (model/dalle): tokens are stored as uint16, grids hold at most 1024 per side
+    "text_vocab_size": _COUNT,
+    "text_length": "[2, 65536]",
+    "image_vocab_size": "[2, 65536]",
+    "image_grid": "[1, 1024]",
+    "num_layers": _LAYERS,
+    "num_heads": "[1, 1024]",
+    "conv_kernel": "[1, 255]",
+    "text_loss_weight": ">= 0",
+    "image_loss_weight": ">= 0",
 }
 
 

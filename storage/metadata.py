@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from storage.errors import StoreFormatError
+from storage.file_checks import parse_json
 
 FORMAT_NAME = "xmodal-region-features"
 # 2: records may carry `class_probs` (record layout 2); version 1 stores are read unchanged
@@ -50,12 +51,9 @@ def decode_meta(raw: bytes | None, path: str | Path) -> dict:
     """Parse and check a metadata record; a newer format version fails with a clear message."""
     if raw is None:
         raise StoreFormatError(f"{path}: no metadata record: not an xmodal feature store")
-    try:
-        meta = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreFormatError(
-            f"{path}: metadata record is not valid JSON ({exc}): the store is damaged"
-        ) from exc
+    meta = parse_json(
+        raw, f"{path}: metadata record", f"the store is damaged; run `xmodal features verify {path}`"
+    )
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise StoreFormatError(f"{path}: metadata describes a {found!r} store, not an {FORMAT_NAME} store")

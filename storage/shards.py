@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from storage.errors import StoreError, StoreFormatError
+from storage.file_checks import MANIFEST_LIMIT, read_json_file
 
 MANIFEST = "shards.json"
 SET_FORMAT = "xmodal-region-shards"
@@ -22,7 +23,8 @@ INCIDENTAL = ("merged_from", "versions")
 
 
 def is_shard_set(path: str | os.PathLike) -> bool:
-    return (Path(path) / MANIFEST).is_file()
+    """Whether `path` holds a manifest (of any kind: one that is not a regular file is refused on reading)."""
+    return os.path.lexists(Path(path) / MANIFEST)
 
 
 def shard_path(root: str | os.PathLike, index: int) -> Path:
@@ -60,10 +62,7 @@ def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path | 
 
 def read_manifest(root: str | os.PathLike) -> dict:
     path = Path(root) / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreFormatError(f"{path} cannot be read ({exc}): restore it or re-extract the set") from exc
+    manifest = read_json_file(path, MANIFEST_LIMIT, "restore it or re-extract the set")
     if not isinstance(manifest, dict) or manifest.get("format") != SET_FORMAT:
         raise StoreFormatError(f"{path} does not describe an {SET_FORMAT} set")
     if manifest.get("format_version", 0) > SET_FORMAT_VERSION:

@@ -15,6 +15,7 @@ import numpy as np
 
 from storage.environment import lmdb_failure, open_environment
 from storage.errors import CorruptRecordError, StoreFormatError
+from storage.file_checks import parse_json
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, _user
 
 TOKEN_FORMAT_NAME = "xmodal-image-tokens"
@@ -24,6 +25,7 @@ LAYOUT = 1
 # magic, layout, reserved, id length, rows, columns, CRC-32 of the value without these 4 bytes
 HEADER = struct.Struct("<4sBBHHHI")
 MAX_CODEBOOK = 1 << 16  # tokens are stored as uint16
+MAX_GRID = (1 << 16) - 1  # and the header holds rows and cols as uint16
 
 
 def _pad8(n: int) -> int:
@@ -59,10 +61,12 @@ def decode_tokens(value: bytes, key: str, path: Path) -> np.ndarray:
 def _check_meta(raw: bytes | None, path: Path) -> dict:
     if raw is None:
         raise StoreFormatError(f"{path}: no metadata record: not an xmodal store")
-    meta = json.loads(bytes(raw).decode("utf-8"))
-    if meta.get("format") != TOKEN_FORMAT_NAME:
+    fix = "the store is damaged; write it again with `xmodal generate tokenize`"
+    meta = parse_json(raw, f"{path}: metadata record", fix)
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found != TOKEN_FORMAT_NAME:
         raise StoreFormatError(
-            f"{path} is an {meta.get('format')!r} store, not an {TOKEN_FORMAT_NAME} store: give the store "
+            f"{path} is an {found!r} store, not an {TOKEN_FORMAT_NAME} store: give the store "
             "written by `xmodal generate tokenize`"
         )
     version = meta.get("format_version")
@@ -71,6 +75,13 @@ def _check_meta(raw: bytes | None, path: Path) -> dict:
             f"{path}: image-token format version {version!r}; this xmodal reads up to "
             f"{TOKEN_FORMAT_VERSION}: upgrade xmodal to read it"
         )
+    for key, low, high in (("grid", 1, MAX_GRID), ("codebook_size", 1, MAX_CODEBOOK), ("count", 0, None)):
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high and value > high):
+            allowed = f"an integer >= {low}" + (f" and <= {high}" if high else "")
+            raise StoreFormatError(
+                f"{path}: metadata record says {key}={value!r}, which must be {allowed}: {fix}"
+            )
     return meta
 
 

@@ -15,6 +15,7 @@ from pipelines.data.examples import check_images
 from pipelines.data.image_refs import StoreImages
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.engine.trainer import to_device
+from pipelines.engine.worker_errors import Carrying, carrying_collate, raising
 from pipelines.tasks.finetuned import load_finetuned
 from storage import FeatureReader
 
@@ -86,13 +87,15 @@ def evaluate(
     check_images(examples, reader, f"split {', '.join(map(str, split))}")
     dataset = kind.dataset(examples, reader, tuned.tokenizer, tuned.answers, tuned.max_length)
     loader = DataLoader(
-        dataset,
+        Carrying(dataset),
         batch_size=batch_size,
         shuffle=False,
         num_workers=loader_workers,
-        collate_fn=functools.partial(kind.collate_items, pad_id=tuned.tokenizer.pad_token_id),
+        collate_fn=carrying_collate(
+            functools.partial(kind.collate_items, pad_id=tuned.tokenizer.pad_token_id)
+        ),
     )
-    batches = (to_device(b, dev) for b in loader)
+    batches = (to_device(b, dev) for b in raising(loader))
     predictions, loss = kind.predict(tuned.model, batches, tuned.answers, **options)
     path = kind.write_predictions(out, predictions)
     joined = write_joined(joined_path(path), kind, examples, predictions)

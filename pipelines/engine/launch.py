@@ -12,7 +12,10 @@ import torch
 
 from pipelines.engine.checkpoints import CHECKPOINTS, latest_checkpoint
 from pipelines.engine.run_history import check_resume
-from pipelines.engine.trainer import Task, TrainConfig, TrainingRun, run_config
+from pipelines.engine.trainer import RunStopped, Task, TrainConfig, TrainingRun, run_config
+from pipelines.engine.worker_errors import original_error
+
+STOPPED = "stopped.txt"  # a Ray Train run's workers stopped together on bad input: the line to print
 
 
 def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
@@ -82,10 +85,14 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
             ),
         ),
     )
+    stopped = out_dir / STOPPED
+    stopped.unlink(missing_ok=True)
     try:
         trainer.fit()
     except ray.train.TrainingFailedError as exc:
-        raise _worker_error(exc) from exc
+        raise original_error(exc) from exc
+    if stopped.is_file():  # every worker stopped together on one's bad input: its one line
+        raise RunStopped(stopped.read_text().strip())
     return json.loads((out_dir / "summary.json").read_text())
 
 
@@ -111,17 +118,6 @@ def ray_storage(cfg: TrainConfig, out_dir: Path) -> RayStorage:
     return RayStorage(path, f"{out_dir.name}-{digest}", in_place=False)
 
 
-def _worker_error(exc: Exception) -> Exception:
-    """A worker's own error (bad input, a refused resume) as itself, so the command prints its one line;
-    anything else as Ray raised it."""
-    failures = getattr(exc, "worker_failures", None) or {}
-    for _, failure in sorted(failures.items()):
-        cause = getattr(failure, "cause", None) or failure
-        if isinstance(cause, (ValueError, KeyError, OSError, FloatingPointError)):
-            return cause
-    return exc
-
-
 def _ray_worker_entry(loop_config: dict) -> None:
     import cloudpickle
     import ray.train
@@ -133,11 +129,17 @@ def _ray_worker_entry(loop_config: dict) -> None:
     out_dir, cfg = Path(loop_config["out_dir"]), loop_config["cfg"]
     # after a lost worker Ray Train restarts every worker; the checkpoint it hands back is this run's last
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        TrainingRun(task, cfg, out_dir, loop_config["resume"], reporter=reporter).train()
-        return
-    with checkpoint.as_directory() as directory:
-        TrainingRun(task, cfg, out_dir, True, reporter=reporter, restore_from=Path(directory)).train()
+    try:
+        if checkpoint is None:
+            TrainingRun(task, cfg, out_dir, loop_config["resume"], reporter=reporter).train()
+            return
+        with checkpoint.as_directory() as directory:
+            TrainingRun(task, cfg, out_dir, True, reporter=reporter, restore_from=Path(directory)).train()
+    except RunStopped as exc:
+        # all workers stop here together: a normal end for Ray (no retry of bad input, no traceback in
+        # the log), and the driver raises the line rank 0 leaves
+        if ray.train.get_context().get_world_rank() == 0:
+            (out_dir / STOPPED).write_text(f"{exc}\n")
 
 
 class RayReporter:

@@ -34,6 +34,7 @@ from pipelines.engine.devices import pick_device
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
 from pipelines.engine.run_history import check_resume, record_start
 from pipelines.engine.run_log import RunLog
+from pipelines.engine.worker_errors import USER_ERRORS, Carrying, raising
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,10 @@ class TrainConfig:
 
 class NonFiniteLoss(ValueError):
     """The loss went NaN or infinite: the run stops (exit 1) with the step, the terms and the checkpoint."""
+
+
+class RunStopped(ValueError):
+    """A worker of a distributed run met bad input (this worker or another): all stop with its line."""
 
 
 class Task(Protocol):
@@ -389,7 +394,8 @@ class TrainingRun:
             for s in range(first_step, self.steps_per_epoch)
             for a in range(cfg.grad_accum)
         ]
-        return iter(self._loader(data, mine))
+        # the loader's iterator is made here, not at the first batch: making it draws from torch's RNG
+        return raising(iter(self._loader(Carrying(data), mine)))
 
     def _loader(self, data: Dataset, indices: list[int]) -> DataLoader:
         workers = self.cfg.loader_workers
@@ -415,18 +421,45 @@ class TrainingRun:
             f"{resume}; lower train.lr or check the data"
         )
 
+    def _micro_loss(self, model: torch.nn.Module, batches: Iterator[dict]) -> tuple[torch.Tensor, dict]:
+        """The next micro-batch's loss. A worker that meets bad data or a non-finite loss stops every
+        worker at the same micro-batch with its one line (`RunStopped`), before the gradients' all-reduce,
+        which would otherwise wait for it forever."""
+        error: BaseException | None = None
+        try:
+            batch = to_device(next(batches), self.device)
+            with self._autocast():
+                loss, parts = self.task.loss(model, batch)
+            if not torch.isfinite(loss):
+                raise NonFiniteLoss(self._non_finite(loss, parts))
+        except USER_ERRORS as exc:
+            if not self.distributed:
+                raise
+            error = exc
+        if self.distributed:
+            self._agree(error)
+        return loss, parts
+
+    def _agree(self, error: BaseException | None) -> None:
+        """Every worker learns whether any failed; if one did, each raises the lowest failed rank's line."""
+        dist = torch.distributed
+        failed = torch.tensor([0 if error is None else 1], device=self.device)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        if not int(failed.item()):
+            return
+        lines: list[str | None] = [None] * self.world
+        dist.all_gather_object(lines, None if error is None else str(error))
+        raise RunStopped(next(line for line in lines if line is not None)) from error
+
     def _optimizer_step(self, model: torch.nn.Module, batches: Iterator[dict]) -> dict[str, float]:
         cfg = self.cfg
         seed = np.random.SeedSequence([cfg.seed, _STEP_STREAM, self.step, self.rank]).generate_state(1)[0]
         torch.manual_seed(int(seed))  # dropout of step s is the same whether or not the run was resumed
         parts_sum: dict[str, float] = {}
         for a in range(cfg.grad_accum):
-            batch = to_device(next(batches), self.device)
             sync = a == cfg.grad_accum - 1 or not self.distributed
-            with contextlib.nullcontext() if sync else model.no_sync(), self._autocast():
-                loss, parts = self.task.loss(model, batch)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(self._non_finite(loss, parts))
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss, parts = self._micro_loss(model, batches)
             scaled = loss / cfg.grad_accum
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             parts = {"loss": float(loss.detach()), **parts}

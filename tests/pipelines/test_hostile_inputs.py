@@ -411,3 +411,11 @@ def test_run_configs_refuse_wrong_values_from_overrides():
                     config_io.load(run, None, [f"train.{f.name}={value}"])
                 except ValueError as exc:
                     assert "\n" not in str(exc) and f"train.{f.name}" in str(exc), str(exc)
+
+
+@pytest.mark.slow
+def test_non_finite_loss_on_ray_train_workers_is_the_same_line(data, tmp_path):
+    """Every worker stops at the same micro-batch; Ray neither retries bad input nor logs its traceback."""
+    huge = _store(tmp_path / "huge.lmdb", value=3e38)
+    argv = [str(huge) if a == str(data / "f.lmdb") else a for a in _finetune(data, tmp_path / "run")]
+    _refused_subprocess([*argv, "--workers", "2"], "xmodal finetune: loss is nan at step 1")
