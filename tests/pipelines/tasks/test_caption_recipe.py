@@ -123,7 +123,7 @@ def test_batches_hold_five_references_per_image_and_their_images(corpus):
     for row, image in enumerate(batch["caption_rows"].tolist()):
         ids = batch["labels"][row].tolist()
         caption = [i for i in ids if i not in (task.vocab.pad_id,)]
-        assert caption in [c[1:].tolist() for c in items[image]["captions"]], row
+        assert caption in [c[1:].tolist() for c in items[image].captions[0]], row
     loss, parts = task.loss(task.build_model(), batch)
     assert torch.isfinite(loss) and parts == {}
     task.sampling_prob = 0.25
