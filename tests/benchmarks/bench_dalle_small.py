@@ -33,6 +33,14 @@ sys.path.insert(0, str(ROOT))
 
 from pipelines.apps.demo.synthetic import SyntheticConfig, generate  # noqa: E402
 
+# the scenes are 64 px: the c4-small detector reads them at 128 (not its 224), a third of the pixels
+DETECTOR_SIZE = (
+    "task.detector.min_size=128",
+    "task.detector.max_size=192",
+    "task.training.min_sizes=[112,128,144]",
+    "task.training.max_size=192",
+)
+
 
 def xmodal(*args: str) -> str:
     """Run one CLI command in a child process (as a user would) and return its stdout."""
@@ -42,6 +50,26 @@ def xmodal(*args: str) -> str:
     if done.returncode != 0:
         sys.exit(f"{' '.join(args[:2])} failed:\n{done.stderr[-3000:]}")
     return done.stdout
+
+
+def real_image_accuracy(captions: Path, images: Path, detector_dir: Path, limit: int) -> float:
+    """The same check on the real test scenes of the prompts: how often the detector itself confirms a
+    caption on the image it describes (the ceiling the generated images are judged under)."""
+    from PIL import Image
+
+    from pipelines.apps.generate import SampleSettings
+    from pipelines.apps.generate_eval import EvalSettings, detect, load_detector
+    from pipelines.scoring.prompt_accuracy import prompt_targets, satisfies
+
+    settings = EvalSettings(SampleSettings())
+    detector = load_detector(detector_dir, settings)
+    rows = [im for im in json.loads(captions.read_text())["images"] if im["split"] == "test"][:limit]
+    found = detect(detector, [Image.open(images / im["filename"]) for im in rows])
+    targets = [
+        prompt_targets(im["sentences"][0]["raw"], detector.classes, detector.attributes) for im in rows
+    ]
+    hits = [satisfies(d, t, settings.threshold) for d, t in zip(found, targets, strict=True) if t]
+    return sum(hits) / len(hits)
 
 
 def held_out_prompts(captions: Path, out: Path, limit: int) -> Path:
@@ -92,7 +120,7 @@ def main() -> None:
             "detector", "train", "--images", images, "--annotations", str(data / "detection_train.json"),
             "--valid", str(data / "detection_valid.json"), "--out", str(work / "detector"),
             "--preset", "c4-small", "--max-steps", str(args.detector_steps), "--optimizer", "adamw",
-            "--lr", "2e-3",
+            "--lr", "2e-3", *DETECTOR_SIZE,
         ),
     )  # fmt: skip
     stage(
@@ -134,6 +162,9 @@ def main() -> None:
     )  # fmt: skip
     result = json.loads(report.read_text())
     psnr = _best(work / "tokenizer")
+    real = real_image_accuracy(
+        data / "captions.json", data / "images", work / "detector" / "best", args.prompts
+    )
     load = os.getloadavg()
     rows = [
         ("tokenizer held-out PSNR (dB)", f"{psnr:.2f}"),
@@ -141,7 +172,7 @@ def main() -> None:
         ("prompt accuracy (all samples)", f"{result['sample_accuracy']:.3f}"),
         ("random-token accuracy", f"{result['random_token_accuracy']:.3f}"),
         ("other-prompt accuracy", f"{result['other_prompt_accuracy']:.3f}"),
-        ("detector on real test scenes", f"{result.get('real_image_accuracy', float('nan')):.3f}"),
+        ("detector on real test scenes", f"{real:.3f}"),
     ] + [(f"{k} (s)", f"{v:.0f}") for k, v in times.items()]
     for name, value in rows:
         print(f"{name:34s} {value}")
@@ -157,7 +188,7 @@ def main() -> None:
         "sample_accuracy": result["sample_accuracy"],
         "random_token_accuracy": random_acc,
         "other_prompt_accuracy": result["other_prompt_accuracy"],
-        "real_image_accuracy": result.get("real_image_accuracy"),
+        "real_image_accuracy": round(real, 3),
         "rerank": result["rerank"],
         "seconds": {k: round(v, 1) for k, v in times.items()},
         "train_seconds": round(sum(times[k] for k in ("tokenizer", "tokenize", "transformer")), 1),
