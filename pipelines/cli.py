@@ -26,7 +26,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("ask", "ask a question about one image, or caption it"),
     ("serve", "a web page and JSON API that answer questions about uploaded images and caption them"),
     ("demo", "run the whole pipeline on generated data"),
-    ("generate", "DALL-E: train the image tokenizer (discrete VAE)"),
+    ("generate", "DALL-E: train the tokenizer and transformer, sample, evaluate"),
 )
 
 # every command exits with one of these (`xmodal submit` passes the remote command's status through)

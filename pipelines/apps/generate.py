@@ -28,28 +28,42 @@ def to_pil(images: torch.Tensor) -> list[Image.Image]:
     return [Image.fromarray(np.ascontiguousarray(a)) for a in arrays]
 
 
+def prompt_text(model: TextToImageModel, prompt: str) -> torch.Tensor:
+    """(1, text_length) ids of `prompt` with the model's per-position padding tokens."""
+    transformer = model.transformer
+    text, padding = encode_prompt(model.vocab, prompt, transformer.config.text_length)
+    return transformer.pad_text(torch.from_numpy(text)[None], torch.from_numpy(padding)[None])
+
+
 @torch.no_grad()
-def sample(model: TextToImageModel, prompt: str, settings: SampleSettings) -> list[Image.Image]:
-    """`settings.n` images for `prompt`; the same seed gives the same images."""
+def sample_tokens(model: TextToImageModel, prompt: str, settings: SampleSettings) -> torch.Tensor:
+    """(n, grid^2) image tokens drawn after `prompt`; the same seed gives the same tokens."""
     if settings.n < 1:
         raise ValueError(f"--n {settings.n}: ask for at least one image")
     if settings.top_p is not None and not 0 < settings.top_p <= 1:
         raise ValueError(f"--top-p {settings.top_p} must lie in (0, 1]")
     if settings.temperature <= 0:
         raise ValueError(f"--temperature {settings.temperature} must be positive")
-    transformer = model.transformer
-    text, padding = encode_prompt(model.vocab, prompt, transformer.config.text_length)
-    text = transformer.pad_text(torch.from_numpy(text)[None], torch.from_numpy(padding)[None])
     generator = torch.Generator().manual_seed(settings.seed)
-    tokens = transformer.generate(
-        text.expand(settings.n, -1),
+    return model.transformer.generate(
+        prompt_text(model, prompt).expand(settings.n, -1),
         top_k=settings.top_k,
         top_p=settings.top_p,
         temperature=settings.temperature,
         generator=generator,
     )
-    grid = transformer.config.image_grid
-    return to_pil(model.dvae.decode(tokens.view(settings.n, grid, grid)))
+
+
+@torch.no_grad()
+def decode(model: TextToImageModel, tokens: torch.Tensor) -> list[Image.Image]:
+    """Images of (n, grid^2) token rows, decoded by the checkpoint's dVAE."""
+    grid = model.transformer.config.image_grid
+    return to_pil(model.dvae.decode(tokens.view(tokens.shape[0], grid, grid)))
+
+
+def sample(model: TextToImageModel, prompt: str, settings: SampleSettings) -> list[Image.Image]:
+    """`settings.n` images for `prompt`; the same seed gives the same images."""
+    return decode(model, sample_tokens(model, prompt, settings))
 
 
 @torch.no_grad()

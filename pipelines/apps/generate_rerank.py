@@ -1,0 +1,46 @@
+"""Re-ranking DALL-E's candidates without CLIP: by the transformer's own log-likelihood of each candidate's
+image tokens given the prompt, optionally contrasted with other prompts (how much better this prompt
+explains the image than prompts about something else)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from pipelines.apps.generate import prompt_text
+from pipelines.tasks.text_to_image import TextToImageModel
+
+RERANKERS = ("likelihood", "contrastive", "none")
+
+
+@torch.no_grad()
+def image_log_likelihood(model: TextToImageModel, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
+    """(n,) sum over the grid of log p(token | prompt, earlier tokens) for (n, grid^2) token rows."""
+    text = prompt_text(model, prompt).expand(tokens.shape[0], -1)
+    logits = model.transformer(text, tokens).image_logits
+    return F.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1).sum(-1)
+
+
+def rerank_scores(
+    model: TextToImageModel,
+    prompt: str,
+    tokens: torch.Tensor,
+    method: str = "likelihood",
+    contrast: Sequence[str] = (),
+) -> torch.Tensor:
+    """(n,) scores, higher = better match. `likelihood`: log p(tokens | prompt). `contrastive`: that minus
+    the mean log p(tokens | c) over the `contrast` prompts (pointwise mutual information against them).
+    `none`: zeros (the sampling order is kept)."""
+    if method not in RERANKERS:
+        raise ValueError(f"--rerank {method!r}: choose one of {', '.join(RERANKERS)}")
+    if method == "none":
+        return torch.zeros(tokens.shape[0])
+    score = image_log_likelihood(model, prompt, tokens)
+    if method == "contrastive":
+        if not contrast:
+            raise ValueError("--rerank contrastive needs other prompts to contrast with")
+        others = torch.stack([image_log_likelihood(model, c, tokens) for c in contrast])
+        score = score - others.mean(0)
+    return score
