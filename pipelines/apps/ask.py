@@ -56,7 +56,7 @@ def build_detector(tuned: Finetuned, weights: str | None = None, device: str = D
     from extraction import Detector
 
     settings = detector_settings(tuned, weights, **overrides)
-    return Detector.build(device=device, **settings)
+    return Detector.build(device=pick_device(device), **settings)
 
 
 @torch.no_grad()

@@ -52,7 +52,7 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
     assert loaded == {
         "checkpoint": "runs/vqa/best",
         "detector": "det.pkl",
-        "device": "cpu",
+        "device": "auto",  # the backend picks: a GPU if any, else the CPU
         "vocab": "vg",
         "caption_checkpoint": "runs/caption/best",
         "min_size": 300,
