@@ -73,3 +73,17 @@ def test_submit_from_another_folder_is_refused_before_the_upload(
     assert errors[0].startswith("--features feats.lmdb is ") and "outside the uploaded folder" in errors[0]
     assert errors[1].startswith("--out runs/x is a relative path")
     assert "uploading" not in capsys.readouterr().err, "refused before the upload"
+
+
+def test_command_words_are_never_paths_even_where_a_folder_has_their_name(project: Path) -> None:
+    """`vocab build` and `finetune vqa` stay words when `build/` or `vqa/` exist here and are not uploaded."""
+    for word in ("build", "vqa", "vocab"):
+        (project / word).mkdir()
+        (project / word / "weights.pkl").write_bytes(b"\0")  # left out of the upload
+    upload = plan_upload(project)
+    argv = ["vocab", "build", "/data/corpus.txt", "--out", "/runs/vocab.txt"]
+    assert resolve_job_paths(argv, upload, cwd=project).argv == argv
+    argv = ["finetune", "vqa", "--train", "/data/train.json", "--out", "/runs/v"]
+    assert resolve_job_paths(argv, upload, cwd=project).argv == argv
+    with pytest.raises(ValueError, match=r"^--init build: build/weights.pkl is not uploaded"):
+        resolve_job_paths(["finetune", "vqa", "--init", "build", "--out", "/runs/v"], upload, cwd=project)
