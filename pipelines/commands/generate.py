@@ -121,10 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tz.add_argument("--batch-size", type=int, default=64, help="images encoded at once")
 
 
-def resolve_tokenizer_config(args: argparse.Namespace):
+def _resolve_run(args: argparse.Namespace, run_cls, task_cls, default_train_config, task_flags: dict):
     """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
     from pipelines.engine import config_io
-    from pipelines.tasks.generation import TokenizerRun, TokenizerTaskConfig, default_train_config
 
     config_path = args.config
     if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
@@ -133,46 +132,32 @@ def resolve_tokenizer_config(args: argparse.Namespace):
     if preset is None and config_path is not None:
         preset = (config_io.load_yaml(config_path).get("task") or {}).get("preset")
     preset = preset or "small"
-    cfg = TokenizerRun(train=default_train_config(preset), task=TokenizerTaskConfig(preset=preset))
-    cfg = config_io.load(TokenizerRun, config_path, base=cfg)
+    cfg = run_cls(train=default_train_config(preset), task=task_cls(preset=preset))
+    cfg = config_io.load(run_cls, config_path, base=cfg)
     train = {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed}
-    task = {"images": args.images, "preset": args.preset}
     data = {
         "train": {k: v for k, v in train.items() if v is not None},
-        "task": {k: v for k, v in task.items() if v is not None},
+        "task": {k: v for k, v in {**task_flags, "preset": args.preset}.items() if v is not None},
     }
-    cfg = config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
+    return config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
+
+
+def resolve_tokenizer_config(args: argparse.Namespace):
+    """The dVAE run's settings (see `_resolve_run`); the images are required."""
+    from pipelines.tasks.generation import TokenizerRun, TokenizerTaskConfig, default_train_config
+
+    cfg = _resolve_run(args, TokenizerRun, TokenizerTaskConfig, default_train_config, {"images": args.images})
     if not cfg.task.images:
         raise ValueError("--images is required (or task.images in --config)")
     return cfg
 
 
 def resolve_train_config(args: argparse.Namespace):
-    """preset defaults < --config (or the run's config.yaml on --resume) < flags < KEY=VALUE."""
-    from pipelines.engine import config_io
+    """The transformer run's settings (see `_resolve_run`)."""
     from pipelines.tasks.text_to_image import TextToImageRun, TextToImageTaskConfig, default_train_config
 
-    config_path = args.config
-    if config_path is None and args.resume and (Path(args.out) / "config.yaml").is_file():
-        config_path = Path(args.out) / "config.yaml"
-    preset = args.preset
-    if preset is None and config_path is not None:
-        preset = (config_io.load_yaml(config_path).get("task") or {}).get("preset")
-    preset = preset or "small"
-    cfg = TextToImageRun(train=default_train_config(preset), task=TextToImageTaskConfig(preset=preset))
-    cfg = config_io.load(TextToImageRun, config_path, base=cfg)
-    train = {"max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed}
-    task = {
-        "features": args.features,
-        "captions": args.captions,
-        "tokenizer": args.tokenizer,
-        "preset": args.preset,
-    }
-    data = {
-        "train": {k: v for k, v in train.items() if v is not None},
-        "task": {k: v for k, v in task.items() if v is not None},
-    }
-    return config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
+    flags = {"features": args.features, "captions": args.captions, "tokenizer": args.tokenizer}
+    return _resolve_run(args, TextToImageRun, TextToImageTaskConfig, default_train_config, flags)
 
 
 def _train(args: argparse.Namespace) -> int:
