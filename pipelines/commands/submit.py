@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         return submit_job(
             args.address,
             argv,
+            words=command_words(argv),
             working_dir=args.working_dir,
             wait=args.wait,
             include=args.include,
@@ -118,3 +119,24 @@ def _runtime_env(args: argparse.Namespace) -> dict:
             raise ValueError('--runtime-env-json must be a JSON object, e.g. \'{"pip": ["emoji"]}\'')
         env.update(inline)
     return env
+
+
+def command_words(argv: list[str]) -> int:
+    """How many leading tokens of `argv` name the xmodal command and its subcommand (`vocab build`,
+    `finetune vqa`): words of the CLI, never paths, even where a folder of that name exists here."""
+    import argparse
+
+    from pipelines.cli import build_parser
+
+    words, parser = 0, build_parser()
+    for token in argv:
+        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subparsers and token in subparsers[0].choices:
+            parser = subparsers[0].choices[token]
+            words += 1
+            continue
+        # a positional with fixed choices (`finetune vqa`): a word too
+        named = [a for a in parser._actions if not a.option_strings and a.choices and token in a.choices]
+        words += bool(named)
+        break
+    return words

@@ -26,15 +26,17 @@ class JobPaths:
     outputs: list[str] = field(default_factory=list)
 
 
-def resolve_job_paths(argv: list[str], upload: Upload, cwd: str | Path | None = None) -> JobPaths:
+def resolve_job_paths(
+    argv: list[str], upload: Upload, cwd: str | Path | None = None, words: int = 0
+) -> JobPaths:
     """Check and rewrite the path arguments of `argv` for a job whose working dir is `upload`.
 
     Absolute paths and URIs are the cluster's and pass as given. A relative `--out` is refused. A
     relative input that exists here must be inside the upload, and every file of it uploaded; it is then
     rewritten relative to the upload's root. A relative value that names nothing here (a task name, a hub
-    id) passes unchanged. ValueError on one line naming the argument and what to do."""
+    id) passes unchanged; the first `words` tokens (the command and subcommand) are words, never paths.
+    ValueError on one line naming the argument and what to do."""
     cwd = Path(cwd or os.getcwd())
-    words = command_words(argv)
     paths = JobPaths(list(argv[:words]))
     previous = None
     for token in argv[words:]:
@@ -52,27 +54,6 @@ def resolve_job_paths(argv: list[str], upload: Upload, cwd: str | Path | None = 
             paths.argv.append(_check(named, value, upload, cwd, paths))
         previous = token
     return paths
-
-
-def command_words(argv: list[str]) -> int:
-    """How many leading tokens of `argv` name the xmodal command and its subcommand (`vocab build`,
-    `finetune vqa`): words of the CLI, never paths, even where a folder of that name exists here."""
-    import argparse
-
-    from pipelines.cli import build_parser
-
-    words, parser = 0, build_parser()
-    for token in argv:
-        subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if subparsers and token in subparsers[0].choices:
-            parser = subparsers[0].choices[token]
-            words += 1
-            continue
-        # a positional with fixed choices (`finetune vqa`): a word too
-        named = [a for a in parser._actions if not a.option_strings and a.choices and token in a.choices]
-        words += bool(named)
-        break
-    return words
 
 
 def _check(name: str, value: str, upload: Upload, cwd: Path, paths: JobPaths) -> str:

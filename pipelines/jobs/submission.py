@@ -48,13 +48,15 @@ def submit_job(
     wait: bool = True,
     include: Sequence[str] = (),
     options: JobOptions | None = None,
+    words: int = 0,
 ) -> int:
     """Submit `xmodal ARGV...`; with `wait`, stream its logs and return its exit status, else return 0.
 
     The working dir goes up without secrets, weights and data (`pipelines.jobs.upload`; `include` patterns
     put some back); what goes up is said first, and an upload over Ray's limit is refused before sending,
     as is a path argument the job could not see or would lose (`pipelines.jobs.job_paths`). A job that
-    succeeds ends with one line saying where its outputs are on the cluster."""
+    succeeds ends with one line saying where its outputs are on the cluster. The first `words` tokens of
+    `argv` are the command's words (`vocab build`), never paths."""
     import requests
     from ray.job_submission import JobSubmissionClient
 
@@ -62,7 +64,7 @@ def submit_job(
 
     options = options or JobOptions()
     upload = plan_upload(working_dir, include)
-    paths = resolve_job_paths(argv, upload)
+    paths = resolve_job_paths(argv, upload, words=words)
     env = runtime_env(upload, options.runtime_env)
     print(upload.describe(), file=sys.stderr, flush=True)
     enable_token_auth_if_available()

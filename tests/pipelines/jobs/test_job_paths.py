@@ -81,9 +81,12 @@ def test_command_words_are_never_paths_even_where_a_folder_has_their_name(projec
         (project / word).mkdir()
         (project / word / "weights.pkl").write_bytes(b"\0")  # left out of the upload
     upload = plan_upload(project)
+    from pipelines.commands.submit import command_words
+
     argv = ["vocab", "build", "/data/corpus.txt", "--out", "/runs/vocab.txt"]
-    assert resolve_job_paths(argv, upload, cwd=project).argv == argv
+    assert resolve_job_paths(argv, upload, cwd=project, words=command_words(argv)).argv == argv
     argv = ["finetune", "vqa", "--train", "/data/train.json", "--out", "/runs/v"]
-    assert resolve_job_paths(argv, upload, cwd=project).argv == argv
+    assert resolve_job_paths(argv, upload, cwd=project, words=command_words(argv)).argv == argv
+    argv = ["finetune", "vqa", "--init", "build", "--out", "/runs/v"]
     with pytest.raises(ValueError, match=r"^--init build: build/weights.pkl is not uploaded"):
-        resolve_job_paths(["finetune", "vqa", "--init", "build", "--out", "/runs/v"], upload, cwd=project)
+        resolve_job_paths(argv, upload, cwd=project, words=command_words(argv))
