@@ -147,7 +147,8 @@ def test_image_qa_learns_from_the_image(tmp_path):
     out = tmp_path / "run"
     argv = ["pretrain", "--features", str(files["features"]), "--train", str(files["train"])]
     argv += ["--valid", str(files["valid"]), "--vocab", str(files["vocab"]), "--out", str(out)]
-    argv += ["--max-steps", "300", "--batch-size", "16", "--lr", "1e-3", *tiny_run_overrides()]
+    # 600 steps: at 300 some seeds (and some CPUs' float order) still sit near the blind score
+    argv += ["--max-steps", "600", "--batch-size", "16", "--lr", "1e-3", *tiny_run_overrides()]
     # QA (on the matched half) and matching only: the other tasks slow QA down without changing its path
     argv += [f"task.masking.{t}=false" for t in ("mlm", "obj", "attr", "feat")] + ["train.eval_every=100"]
     assert xmodal(argv) == 0
