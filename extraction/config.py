@@ -52,6 +52,7 @@ class DetectorConfig:
         "attr_hidden_dim": "[1, 8192]",
         "min_size": "[1, 8192]",
         "max_size": "[1, 8192]",
+        "pixel_mean": "[0, 255]",
         "pixel_std": "(0, 100000]",
         "pre_nms_topk": "[1, 1000000]",
         "post_nms_topk": "[1, 100000]",

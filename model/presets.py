@@ -67,6 +67,7 @@ RANGES: dict[str, str] = {
     "unk_token_id": ">= 0",
     "mask_token_id": ">= 0",
     "sep_token_id": ">= 0",
+    "task_token": ">= 0",
     # DALL-E's transformer (model/dalle): tokens are stored as uint16, grids hold at most 1024 per side
     "text_vocab_size": _COUNT,
     "text_length": "[2, 65536]",
@@ -77,6 +78,18 @@ RANGES: dict[str, str] = {
     "conv_kernel": "[1, 255]",
     "text_loss_weight": ">= 0",
     "image_loss_weight": ">= 0",
+    # DALL-E's image tokenizer (model/dalle DVAEConfig): codes are stored as uint16
+    "image_size": "[1, 65536]",
+    "channels": "[1, 64]",
+    "codebook_size": "[2, 65536]",
+    "downsample": "[1, 1024]",
+    "blocks_per_group": "[1, 64]",
+    "temperature_start": "(0, 1000]",
+    "temperature_end": "(0, 1000]",
+    "temperature_anneal_steps": "[0, 1000000000]",
+    "kl_weight": "[0, 1000]",
+    "kl_anneal_steps": "[0, 1000000000]",
+    "logit_laplace_eps": "(0, 0.5)",
 }
 
 

@@ -42,11 +42,14 @@ exit status (every command):
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors exit with the bad-input status (argparse's own is 2)."""
+    """An argument parser whose usage errors are one line and exit with the bad-input status (argparse's own
+    is 2)."""
 
     def error(self, message: str):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+        # one line, as every other refusal: the usage is a `--help` away
+        # (an argument holding a newline or other control character is shown escaped)
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {shown} (see {self.prog} --help)\n")
 
 
 def _version() -> str:

@@ -5,21 +5,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from PIL import Image
 
+from model.ranges import check_fields
 from pipelines.tasks.text_to_image import TextToImageModel, encode_prompt
 
 
 @dataclass
 class SampleSettings:
+    RANGES: ClassVar[dict[str, str]] = {
+        "n": "[1, 4096]",
+        "top_k": "[1, 65536]",
+        "top_p": "(0, 1]",
+        "temperature": "(0, 1000]",
+        "seed": "[0, 4294967295]",
+    }
+
     n: int = 8
     top_k: int | None = None
     top_p: float | None = 0.9
     temperature: float = 1.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_fields(self, "command line")  # before a checkpoint is read
 
 
 def to_pil(images: torch.Tensor) -> list[Image.Image]:
@@ -38,12 +51,6 @@ def prompt_text(model: TextToImageModel, prompt: str) -> torch.Tensor:
 @torch.no_grad()
 def sample_tokens(model: TextToImageModel, prompt: str, settings: SampleSettings) -> torch.Tensor:
     """(n, grid^2) image tokens drawn after `prompt`; the same seed gives the same tokens."""
-    if settings.n < 1:
-        raise ValueError(f"--n {settings.n}: ask for at least one image")
-    if settings.top_p is not None and not 0 < settings.top_p <= 1:
-        raise ValueError(f"--top-p {settings.top_p} must lie in (0, 1]")
-    if settings.temperature <= 0:
-        raise ValueError(f"--temperature {settings.temperature} must be positive")
     generator = torch.Generator().manual_seed(settings.seed)
     return model.transformer.generate(
         prompt_text(model, prompt).expand(settings.n, -1),

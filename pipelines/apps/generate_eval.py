@@ -7,11 +7,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from PIL import Image
 
 from extraction.detector import Detector
+from model.ranges import check_fields
 from pipelines.apps.generate import SampleSettings, decode, random_token_images, sample_tokens
 from pipelines.apps.generate_rerank import RERANKERS, rerank_scores
 from pipelines.scoring.prompt_accuracy import Detection, prompt_targets, satisfies
@@ -25,10 +27,15 @@ CONTRAST_PROMPTS = 4  # other prompts the contrastive re-ranker compares each ca
 
 @dataclass
 class EvalSettings:
+    RANGES: ClassVar[dict[str, str]] = {"threshold": "[0, 1]", "max_detections": "[1, 100000]"}
+
     sampling: SampleSettings
     rerank: str = "likelihood"
     threshold: float = 0.5  # detections at or above this class score count
     max_detections: int = 10
+
+    def __post_init__(self) -> None:
+        check_fields(self, "command line", names=("threshold", "max_detections"))
 
 
 def read_prompts(path: str | Path) -> list[str]:

@@ -67,28 +67,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def resolve_config(args: argparse.Namespace):
+    """The run's settings (defaults < recipe < --config < flags < KEY=VALUE), every one checked against its
+    type and range; nothing is read or written yet."""
+    from pipelines.tasks.finetune import FinetuneRun
+    from pipelines.tasks.finetuned import default_run
+
+    run_cfg = resolve_run_config(
+        args,
+        FinetuneRun,
+        {
+            "init": args.init,
+            "arch": args.arch,
+            "vocab": args.vocab,
+            "answers": args.answers,
+            "init_answers": args.init_answers,
+            "preset": args.preset,
+        },
+        base=default_run(args.task, args.recipe),
+    )
+    if run_cfg.task.task != args.task:
+        raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
+    return run_cfg
+
+
 def run(args: argparse.Namespace) -> int:
     from pipelines.tasks import get_finetune_task
-    from pipelines.tasks.finetune import FinetuneRun
-    from pipelines.tasks.finetuned import default_run, finetune
+    from pipelines.tasks.finetuned import finetune
 
     out = Path(args.out)
     try:
-        run_cfg = resolve_run_config(
-            args,
-            FinetuneRun,
-            {
-                "init": args.init,
-                "arch": args.arch,
-                "vocab": args.vocab,
-                "answers": args.answers,
-                "init_answers": args.init_answers,
-                "preset": args.preset,
-            },
-            base=default_run(args.task, args.recipe),
-        )
-        if run_cfg.task.task != args.task:
-            raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
+        run_cfg = resolve_config(args)
         if args.images:
             files = [*run_cfg.task.train_files, *run_cfg.task.valid_files]
             store = store_for_rows(args, get_finetune_task(args.task).load_examples, files)

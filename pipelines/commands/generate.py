@@ -203,12 +203,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
-    if not 0 <= args.threshold <= 1:
-        print(f"xmodal generate evaluate: --threshold {args.threshold} must lie in [0, 1]", file=sys.stderr)
-        return 1
-    sampling = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
-    settings = EvalSettings(sampling, args.rerank, args.threshold)
     try:
+        sampling = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
+        settings = EvalSettings(sampling, args.rerank, args.threshold)
         prompts = read_prompts(args.prompts)
         model = TextToImageModel.load(args.checkpoint)
         detector = load_detector(args.detector, settings)
@@ -274,8 +271,8 @@ def _sample(args: argparse.Namespace) -> int:
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
-    settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
     try:
+        settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
         model = TextToImageModel.load(args.checkpoint)
         paths = write_images(sample(model, args.prompt, settings), args.out)
     except (ValueError, OSError, CaptionDataError) as exc:

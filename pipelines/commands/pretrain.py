@@ -23,16 +23,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def resolve_config(args: argparse.Namespace):
+    """The run's settings (defaults < --config < flags < KEY=VALUE), every one checked against its type and
+    range; nothing is read or written yet."""
+    from pipelines.tasks.pretrain import PretrainRun
+
+    flags = {"arch": args.arch, "vocab": args.vocab, "preset": args.preset, "answers": args.answers}
+    return resolve_run_config(args, PretrainRun, flags)
+
+
 def run(args: argparse.Namespace) -> int:
-    from pipelines.tasks.pretrain import PretrainRun, pretrain
+    from pipelines.tasks.pretrain import pretrain
 
     out = Path(args.out)
     try:
-        run_cfg = resolve_run_config(
-            args,
-            PretrainRun,
-            {"arch": args.arch, "vocab": args.vocab, "preset": args.preset, "answers": args.answers},
-        )
+        run_cfg = resolve_config(args)
         summary = pretrain(run_cfg, out, resume=start_run(args))
     except (ValueError, KeyError, OSError) as exc:
         print(f"xmodal pretrain: {exc}", file=sys.stderr)

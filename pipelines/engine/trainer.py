@@ -55,11 +55,13 @@ class TrainConfig:
         "max_steps": "[0, 1000000000]",
         "lr_steps": "[1, 1000000000]",
         "lr_gamma": "(0, 1]",
+        "lr_decay_epochs": "[1, 1000000]",
         "warmup_ratio": "[0, 1]",
         "warmup_iters": "[0, 1000000000]",
         "warmup_factor": "[0, 1]",
         "weight_decay": "[0, 1]",
         "clip_norm": "> 0",
+        "clip_value": "> 0",
         "grad_accum": "[1, 65536]",
         "save_every": "[1, 1000000000]",
         "keep_checkpoints": "[1, 1000000]",
@@ -72,6 +74,7 @@ class TrainConfig:
         "workers": "[0, 65536]",
         "gpus_per_worker": "[0, 64]",
         "cpus_per_worker": "[0, 1024]",
+        "max_failures": "[-1, 1000000]",
     }
 
     lr: float = 1e-4
@@ -130,20 +133,6 @@ class TrainConfig:
         steps = self.lr_steps
         if any(s <= 0 for s in steps) or list(steps) != sorted(set(steps)):
             raise ValueError(f"train.lr_steps must be positive, increasing step numbers; got {steps}")
-        if self.lr_gamma <= 0:
-            raise ValueError(f"train.lr_gamma must be > 0; got {self.lr_gamma}")
-        if not 0.0 <= self.warmup_factor <= 1.0:
-            raise ValueError(f"train.warmup_factor must be in [0, 1]; got {self.warmup_factor}")
-        if self.warmup_iters is not None and self.warmup_iters < 0:
-            raise ValueError(
-                f"train.warmup_iters must be >= 0 (null: use warmup_ratio); got {self.warmup_iters}"
-            )
-        if self.lr_decay_epochs < 1:
-            raise ValueError(f"train.lr_decay_epochs must be >= 1; got {self.lr_decay_epochs}")
-        if self.clip_value is not None and self.clip_value <= 0:
-            raise ValueError(f"train.clip_value must be > 0 (null: no clamping); got {self.clip_value}")
-        if self.momentum < 0:
-            raise ValueError(f"train.momentum must be >= 0; got {self.momentum}")
 
 
 class NonFiniteLoss(ValueError):

@@ -62,6 +62,14 @@ class DetectorTaskConfig:
     nms_thresh: float = 0.5
     detections_per_image: int = 100
 
+    def __post_init__(self) -> None:
+        # the free-form overrides are checked when the run's config is resolved, before any file is read
+        for classes, name in (((DetectorConfig,), "detector"), ((TrainingConfig,), "training")):
+            try:
+                config_io.check_settings(classes, getattr(self, name), f"task.{name}", f"task.{name}.")
+            except config_io.SettingError as exc:
+                raise ValueError(exc.message) from None
+
 
 def default_train_config(preset: str) -> TrainConfig:
     """detectron2's schedule for the release's network: SGD momentum 0.9, weight decay 1e-4, lr 0.02 at 16
@@ -119,8 +127,6 @@ class DetectionTask:
     def __init__(self, cfg: DetectorTaskConfig, seed: int = 0):
         if cfg.preset not in PRESETS:
             raise ValueError(f"unknown detector preset {cfg.preset!r}; choose one of {sorted(PRESETS)}")
-        config_io.check_settings((DetectorConfig,), cfg.detector, "task.detector", "task.detector.")
-        config_io.check_settings((TrainingConfig,), cfg.training, "task.training", "task.training.")
         self.config = cfg
         self.seed = seed
         self.train_data: DetectionData = load_detection_json(cfg.annotations, cfg.images, strict=cfg.strict)

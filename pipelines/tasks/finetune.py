@@ -22,7 +22,7 @@ from pipelines.data.image_refs import StoreImages
 from pipelines.data.regions import IMAGE_SIZE, float_inputs, inputs_for
 from pipelines.data.text import load_tokenizer, save_tokenizer
 from pipelines.engine.trainer import TrainConfig
-from pipelines.tasks.model_setup import data_overrides
+from pipelines.tasks.model_setup import check_model_overrides, data_overrides
 from storage import FeatureReader
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,12 @@ class FinetuneConfig:
         "scst_from_epoch": "[0, 1000000]",
         "scst_samples": "[1, 1024]",
         "beam_size": "[1, 1024]",
+        "captions_per_image": "[1, 1024]",
+        "scheduled_sampling_start": "[0, 1000000]",
+        "scheduled_sampling_every": "[1, 1000000]",
+        "scheduled_sampling_increase": "[0, 1]",
+        "scheduled_sampling_max": "[0, 1]",
+        "unk_penalty": ">= 0",
     }
 
     task: str = "vqa"  # a fine-tuning task of pipelines.tasks.TASKS
@@ -98,6 +104,9 @@ class FinetuneConfig:
     beam_size: int = 3  # beam search width for validation captions
     # None bans <unk> from beams; a number is subtracted from its log-prob (self-critical.pytorch: 1000)
     unk_penalty: float | None = None
+
+    def __post_init__(self) -> None:
+        check_model_overrides(self.model)
 
 
 @dataclass

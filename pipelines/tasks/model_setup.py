@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
+
+from model.architectures import FAMILIES
+from pipelines.engine import config_io
 
 
 def data_overrides(config_class: type, tokenizer, **values: Any) -> dict[str, Any]:
@@ -18,3 +22,14 @@ def data_overrides(config_class: type, tokenizer, **values: Any) -> dict[str, An
         **values,
     }
     return {k: v for k, v in candidates.items() if k in fields and v is not None}
+
+
+def check_model_overrides(values: Mapping[str, Any]) -> None:
+    """`task.model` overrides against the fields, types and ranges of the family configs, when the run's
+    config is resolved (before any file is read or written); the chosen family's own cross-field checks
+    follow when the model is built. ValueError on one line naming the key, the value and the range."""
+    classes = tuple(dict.fromkeys(f.config_class for f in FAMILIES.values()))
+    try:
+        config_io.check_settings(classes, values, "task.model", "task.model.")
+    except config_io.SettingError as exc:
+        raise ValueError(exc.message) from None

@@ -25,7 +25,7 @@ from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
-from pipelines.tasks.model_setup import data_overrides
+from pipelines.tasks.model_setup import check_model_overrides, data_overrides
 from storage import FeatureReader
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ class PretrainConfig:
     # where tokenised sentences are kept between runs (keyed by vocab and sentences); None = not kept,
     # except that `pretrain()` keeps them in the run directory's cache/
     token_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        check_model_overrides(self.model)
 
 
 def _masking_for(pretraining: type, masking: MaskingConfig) -> MaskingConfig:

@@ -35,6 +35,7 @@ class ExtractConfig:
         "min_boxes": "[1, 4096]",
         "max_boxes": "[1, 4096]",
         "batch_size": "[1, 4096]",
+        "unit_batches": "[1, 65536]",
         "workers": "[1, 65536]",
         "gpus_per_worker": "[0, 64]",
         "cpus_per_worker": "(0, 1024]",

@@ -70,7 +70,11 @@ def test_sample_command_writes_pngs(checkpoint, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--top-p", "1.5"], "--top-p"), (["--n", "0"], "--n"), (["--checkpoint", "nope"], "nope")],
+    [
+        (["--top-p", "1.5"], "top_p=1.5 is out of range"),
+        (["--n", "0"], "n=0"),
+        (["--checkpoint", "nope"], "nope"),
+    ],
 )
 def test_bad_settings_are_one_line(checkpoint, tmp_path, capsys, extra, message):
     args = ["generate", "sample", "x", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "o"), *extra]
