@@ -21,17 +21,38 @@ def sample_keys(keys: Sequence[bytes], samples: int = SAMPLES) -> list[bytes]:
     return [keys[round(i * step)] for i in range(samples)]
 
 
+Claims = Callable[[bytes, bytes, dict], list[tuple[str, bool, str]]]
+REGION_REMEDY = "run `xmodal features verify {path}`, then re-extract or re-import it"
+
+
+def region_claims(value: bytes, key: bytes, meta: dict) -> list[tuple[str, bool, str]]:
+    """(metadata key, whether the region record agrees, what the record holds) for one stored record."""
+    dtype, _, n, d, *_ = codec.read_header(value, key)
+    return [
+        ("dtype", dtype.name == meta["dtype"], f"{dtype.name} features"),
+        ("feature_dim", d == meta["feature_dim"], f"{d}-d features"),
+        ("max_boxes", n <= meta["max_boxes"], f"{n} boxes"),
+    ]
+
+
 def contents_lie(
-    path: Path, meta: dict, keys: Sequence[bytes], value_of: Callable[[bytes], object | None]
+    path: Path,
+    meta: dict,
+    keys: Sequence[bytes],
+    value_of: Callable[[bytes], object | None],
+    claims: Claims = region_claims,
+    remedy: str = REGION_REMEDY,
 ) -> str | None:
     """The one-line error for a store whose metadata disagrees with what it holds, or None. `keys`: every
     key of the records tree (as walked in the same read transaction as `meta`); `value_of(key)`: the
-    stored value. A sampled record whose own header is corrupt is left to the reads (and `verify`)."""
+    stored value; `claims`: what a record says about the metadata's keys (region records by default; the
+    image-token store passes its own); `remedy`: what to do, `{path}` filled in. A sampled record whose
+    own header is corrupt is left to the reads (and `verify`)."""
 
     def lie(claim: str, truth: str) -> str:
         return (
-            f"store {path} is damaged: its metadata record says {claim} but {truth}; run "
-            f"`xmodal features verify {path}`, then re-extract or re-import it"
+            f"store {path} is damaged: its metadata record says {claim} but {truth}; "
+            f"{remedy.format(path=path)}"
         )
 
     if meta["count"] != len(keys):
@@ -41,14 +62,11 @@ def contents_lie(
         if value is None:
             continue
         try:
-            dtype, _, n, d, *_ = codec.read_header(value, key)
+            found = claims(value, key, meta)
         except CorruptRecordError:
             continue
         where = f"record {key.decode('utf-8', 'replace')!r} holds"
-        if dtype.name != meta["dtype"]:
-            return lie(f"dtype={meta['dtype']}", f"{where} {dtype.name} features")
-        if d != meta["feature_dim"]:
-            return lie(f"feature_dim={meta['feature_dim']}", f"{where} {d}-d features")
-        if n > meta["max_boxes"]:
-            return lie(f"max_boxes={meta['max_boxes']}", f"{where} {n} boxes")
+        for name, agrees, truth in found:
+            if not agrees:
+                return lie(f"{name}={meta[name]}", f"{where} {truth}")
     return None

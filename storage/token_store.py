@@ -13,7 +13,8 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
-from storage.environment import lmdb_failure, open_environment
+from storage.contents import contents_lie
+from storage.environment import StoreDamagedError, lmdb_failure, open_environment
 from storage.errors import CorruptRecordError, StoreFormatError
 from storage.file_checks import parse_json
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, _user
@@ -85,6 +86,19 @@ def _check_meta(raw: bytes | None, path: Path) -> dict:
     return meta
 
 
+TOKEN_REMEDY = "write it again with `xmodal generate tokenize`"
+
+
+def _token_claims(value: bytes, key: bytes, meta: dict) -> list[tuple[str, bool, str]]:
+    """(metadata key, whether the token record agrees, what it holds), for `storage.contents`."""
+    if len(value) < HEADER.size:
+        raise CorruptRecordError(f"record {key!r} is shorter than its header")
+    magic, layout, _, _, rows, cols, _ = HEADER.unpack_from(value)
+    if magic != MAGIC or layout != LAYOUT:
+        raise CorruptRecordError(f"record {key!r} is not an image-token record")
+    return [("grid", rows == cols == meta["grid"], f"a {rows} x {cols} grid")]
+
+
 class TokenWriter:
     """Appends token grids to a store (opening an existing one resumes it: ids present are skipped).
 
@@ -123,6 +137,19 @@ class TokenWriter:
             self._put_meta()
         else:
             self.meta = _check_meta(raw, self.path)
+            keys = [bytes(k) for k in self._txn.cursor(db=self._records).iternext(values=False)]
+            lie = contents_lie(
+                self.path,
+                self.meta,
+                keys,
+                lambda key: self._txn.get(key, db=self._records),
+                claims=_token_claims,
+                remedy=TOKEN_REMEDY,
+            )
+            if lie is not None:  # a resumed count starts from the metadata's: it must be true
+                self._txn.abort()
+                self._env.close()
+                raise StoreDamagedError(lie)
             if (self.meta["grid"], self.meta["codebook_size"]) != (grid, codebook_size):
                 self._txn.abort()
                 self._env.close()
@@ -192,11 +219,23 @@ class TokenReader:
         except lmdb.Error as exc:
             self._env.close()
             raise StoreFormatError(f"{self.path}: no records/meta databases: not an xmodal store") from exc
-        with self._env.begin() as txn:
-            raw = txn.get(META_KEY, db=meta_db)
         try:
-            self.meta = _check_meta(raw, self.path)
-        except StoreFormatError:
+            with self._env.begin() as txn:
+                self.meta = _check_meta(txn.get(META_KEY, db=meta_db), self.path)
+                # the metadata sizes the dataset and the model's token table: it must tell the truth
+                # (the same check, by the same function, as every region-store reader runs)
+                keys = [bytes(k) for k in txn.cursor(db=self._records).iternext(values=False)]
+                lie = contents_lie(
+                    self.path,
+                    self.meta,
+                    keys,
+                    lambda key: txn.get(key, db=self._records),
+                    claims=_token_claims,
+                    remedy=TOKEN_REMEDY,
+                )
+            if lie is not None:
+                raise StoreDamagedError(lie)
+        except (StoreFormatError, StoreDamagedError):
             self._env.close()
             raise
 

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,27 @@ from storage import FeatureWriter, RegionFeatures
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "what", "color", "is", "the", "red", "blue", "?"]
-SUBPROCESS_TIMEOUT = 120  # seconds: imports alone take tens of seconds on a loaded 2-core machine
+# Each row is refused within ROW_SECONDS of the command starting (issue 31: "within 10 s"). In a fresh
+# process the clock starts once the interpreter has loaded torch and the CLI: on a 2-core machine shared
+# by a dozen jobs (load average 17-22) those imports alone took 13-27 s of wall time (2-4 s of CPU), which
+# says nothing about the input. SUBPROCESS_TIMEOUT only bounds that start-up.
+ROW_SECONDS = 10.0
+SUBPROCESS_TIMEOUT = 300
+# the child: imports first, then `xmodal ARGV` timed; the seconds go to the file named by argv[1]
+CHILD = """\
+import sys, time
+import torch, torchvision
+import pipelines.cli as cli
+import pipelines.tasks.finetuned, pipelines.tasks.pretrain
+cli.build_parser()
+start = time.monotonic()
+try:
+    code = cli.main(sys.argv[2:])
+finally:
+    with open(sys.argv[1], "w") as f:
+        f.write(str(time.monotonic() - start))
+sys.exit(code)
+"""
 
 
 def _store(path: Path, value: float | None = None) -> Path:
@@ -66,9 +88,19 @@ def _finetune(data: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _timed(run, *args):
+    """`run(*args)`, asserting it returned within ROW_SECONDS of wall time."""
+    start = time.monotonic()
+    result = run(*args)
+    elapsed = time.monotonic() - start
+    assert elapsed <= ROW_SECONDS, f"took {elapsed:.1f} s (more than {ROW_SECONDS} s)"
+    return result
+
+
 def _refused(argv: list[str], capsys, caplog, needle: str) -> list[str]:
-    """`xmodal argv` in this process: exit 1, and the error is one line holding `needle`."""
-    assert main(argv) == 1
+    """`xmodal argv` in this process: exit 1 within ROW_SECONDS, and the error is one line holding
+    `needle`."""
+    assert _timed(main, argv) == 1
     captured = capsys.readouterr()
     text = captured.err + "\n" + captured.out + "\n" + caplog.text
     assert "Traceback" not in text
@@ -78,13 +110,18 @@ def _refused(argv: list[str], capsys, caplog, needle: str) -> list[str]:
 
 
 def _refused_subprocess(argv: list[str], needle: str, stdin: str | None = None) -> None:
-    """`python -m pipelines.cli argv` in its own process: exit 1 (no signal), no traceback, in time."""
+    """`xmodal argv` in its own process: exit 1 (no signal), no traceback, within ROW_SECONDS of the command
+    starting (see CHILD)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *argv],
-        capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, env=env, cwd=ROOT,
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        seconds = Path(tmp) / "seconds"
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, str(seconds), *argv],
+            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, env=env, cwd=ROOT,
+        )  # fmt: skip
+        elapsed = float(seconds.read_text()) if seconds.exists() else None
     assert done.returncode == 1, done.stderr[-2000:]
+    assert elapsed is not None and elapsed <= ROW_SECONDS, f"took {elapsed} s (more than {ROW_SECONDS} s)"
     assert "Traceback" not in done.stderr
     assert any(needle in line for line in done.stderr.splitlines()), done.stderr[-2000:]
 
@@ -203,8 +240,10 @@ def test_caption_files_of_the_wrong_shape(sentences, needle, tmp_path):
     path = tmp_path / "dataset_coco.json"
     row = {"filename": "a.jpg", "split": "train", "cocoid": 1, "sentences": sentences}
     path.write_text(json.dumps({"images": [row]}))
+    start = time.monotonic()
     with pytest.raises(CaptionDataError, match=needle) as info:
         read_karpathy_split(path)
+    assert time.monotonic() - start <= ROW_SECONDS
     assert "\n" not in str(info.value)
 
 
@@ -224,7 +263,7 @@ def test_tsv_rows_with_impossible_sizes(field, value, skip_bad, tmp_path, capsys
     tsv = tmp_path / "in.tsv"
     tsv.write_text("".join("\t".join(row.values()) + "\n" for row in (bad, good)))
     argv = ["features", "import", str(tsv), str(tmp_path / "f.lmdb"), *(["--skip-bad"] if skip_bad else [])]
-    code = main(argv)
+    code = _timed(main, argv)
     captured = capsys.readouterr()
     text = captured.err + captured.out + caplog.text
     assert "Traceback" not in text
@@ -329,6 +368,7 @@ def _store_commands(data: Path, store: Path, tmp: Path, checkpoint) -> dict[str,
                  "--out", str(tmp / "shown.png")],
         "export": ["features", "export", str(store), str(tmp / "out.tsv")],
         "extract": ["extract", str(tmp / "imgs"), "--out", str(store), "--preset", "c4-small"],
+        "merge": ["features", "merge", str(store), str(tmp / "merged.lmdb")],
     }  # fmt: skip
 
 
@@ -343,7 +383,10 @@ STORE_COMMANDS = [
     "show",
     "export",
     "extract",
+    "merge",
 ]
+# `ask` and `serve` read no store: they run the detector on the image, with the extraction settings the
+# checkpoint recorded when it was fine-tuned, so a store damaged since cannot reach them.
 
 
 @pytest.mark.parametrize("command", STORE_COMMANDS)
@@ -363,6 +406,71 @@ def test_store_whose_metadata_lies_about_its_records(
         argv, capsys, caplog, f"store {store} is damaged: its metadata record says {key}={value} but"
     )
     assert LIES[lie][1] in lines[0] and f"xmodal features verify {store}" in lines[0]
+
+
+TOKEN_LIES = {
+    "count": ({"count": 10**12}, "it holds 4 records"),
+    "grid": ({"grid": 8}, "holds a 4 x 4 grid"),
+}
+
+
+@pytest.fixture(scope="module")
+def token_stores(tmp_path_factory):
+    """A tiny dVAE (4 x 4 grids of 7 codes), a token store it could have made, a captions file, and copies
+    of the store whose metadata lies."""
+    import torch
+
+    from model.dalle import DiscreteVAE, DVAEConfig
+    from storage.token_store import TokenWriter
+
+    root = tmp_path_factory.mktemp("tokens")
+    torch.manual_seed(0)
+    cfg = DVAEConfig(image_size=16, downsample=4, hidden_size=8, codebook_size=7, blocks_per_group=1)
+    DiscreteVAE(cfg).save_pretrained(root / "tok")
+    rng = np.random.default_rng(0)
+    with TokenWriter(root / "t.lmdb", grid=4, codebook_size=7) as writer:
+        for i in range(4):
+            writer.put(f"img{i}", rng.integers(0, 7, (4, 4)))
+    images = [
+        {"filename": f"img{i}.png", "split": "train", "sentences": [{"raw": "a red square"}]}
+        for i in range(4)
+    ]
+    (root / "caps.json").write_text(json.dumps({"images": images}))
+    (root / "imgs").mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (16, 16)).save(root / "imgs" / "img9.png")
+    lies = {
+        name: _lie(root / "t.lmdb", root / f"{name}.lmdb", **change)
+        for name, (change, _) in TOKEN_LIES.items()
+    }
+    return root, lies
+
+
+@pytest.mark.parametrize("command", ["train", "tokenize"])
+@pytest.mark.parametrize("lie", sorted(TOKEN_LIES))
+def test_token_store_whose_metadata_lies(command, lie, token_stores, tmp_path, capsys, caplog):
+    """`generate train` reading an image-token store, and `generate tokenize` resuming one, stop on the
+    line every region-store reader gives (storage.contents), with the token store's remedy."""
+    root, lies = token_stores
+    store = lies[lie]
+    argv = {
+        "train": [
+            "generate", "train", "--features", str(store), "--captions", str(root / "caps.json"),
+            "--tokenizer", str(root / "tok"), "--out", str(tmp_path / "run"), "--max-steps", "1",
+            "train.loader_workers=0", "train.trackers=[]",
+        ],
+        "tokenize": [
+            "generate", "tokenize", "--images", str(root / "imgs"), "--tokenizer", str(root / "tok"),
+            "--out", str(store),
+        ],
+    }[command]  # fmt: skip
+    key, value = next(iter(TOKEN_LIES[lie][0].items()))
+    lines = _refused(
+        argv, capsys, caplog, f"store {store} is damaged: its metadata record says {key}={value} but"
+    )
+    assert TOKEN_LIES[lie][1] in lines[0] and "xmodal generate tokenize" in lines[0]
+    assert not (tmp_path / "run").exists()
 
 
 def test_lying_store_with_loader_workers_is_one_line_not_a_signal(data, lies, tmp_path):
