@@ -343,6 +343,11 @@ def _store_commands(data: Path, store: Path, tmp: Path, checkpoint) -> dict[str,
     finetune = _finetune(data, tmp / "run")
     captions = [{"img_id": f"img{i}", "caption": "a red thing"} for i in range(8)]
     (tmp / "captions.json").write_text(json.dumps(captions))
+    import base64
+
+    values = [np.array([0, 0, 5, 5], np.float32), np.full(16, 0.5, np.float32)]
+    boxes, feats = (base64.b64encode(v.tobytes()).decode() for v in values)
+    (tmp / "in.tsv").write_text("\t".join(["new", "10", "10", "1", boxes, feats]) + "\n")
     sentences = [{"img_id": f"img{i}", "sentf": {"mscoco": ["what color is the ?"]}} for i in range(8)]
     (tmp / "pretrain.json").write_text(json.dumps(sentences))
     return {
@@ -369,6 +374,7 @@ def _store_commands(data: Path, store: Path, tmp: Path, checkpoint) -> dict[str,
         "export": ["features", "export", str(store), str(tmp / "out.tsv")],
         "extract": ["extract", str(tmp / "imgs"), "--out", str(store), "--preset", "c4-small"],
         "merge": ["features", "merge", str(store), str(tmp / "merged.lmdb")],
+        "import": ["features", "import", str(tmp / "in.tsv"), str(store)],
     }  # fmt: skip
 
 
@@ -384,6 +390,7 @@ STORE_COMMANDS = [
     "export",
     "extract",
     "merge",
+    "import",
 ]
 # `ask` and `serve` read no store: they run the detector on the image, with the extraction settings the
 # checkpoint recorded when it was fine-tuned, so a store damaged since cannot reach them.
