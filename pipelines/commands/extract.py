@@ -205,9 +205,7 @@ def run(args: argparse.Namespace) -> int:
     if is_job_api_address(args.address):
         return _submit_self(args)
 
-    from extraction.config import DetectorConfig, resolve_config
-    from extraction.selection import SelectionConfig
-    from pipelines.engine import config_io
+    from extraction.config import resolve_config
     from pipelines.jobs.extract.config import SHARD_MODES, JobError, grid_config
     from pipelines.jobs.extract.driver import run_extract
     from pipelines.jobs.image_inputs import InputError
@@ -219,7 +217,6 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("give the image folders (or inputs: in --config) and --out (or out:)")
         if cfg.shards not in SHARD_MODES:
             raise ValueError(f"shards: {cfg.shards!r} is not one of {', '.join(SHARD_MODES)}")
-        config_io.check_settings((DetectorConfig, SelectionConfig), cfg.overrides, "detector settings")
         detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
         resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
         grid_config(cfg)

@@ -87,7 +87,9 @@ def resolve_config(args: argparse.Namespace):
         base=default_run(args.task, args.recipe),
     )
     if run_cfg.task.task != args.task:
-        raise ValueError(f"the config is a {run_cfg.task.task} config but the command says {args.task}")
+        raise ValueError(
+            f"task.task={run_cfg.task.task!r} (a {run_cfg.task.task} config) but the command says {args.task}"
+        )
     return run_cfg
 
 

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from extraction.precision import float32_precision
+from model.ranges import check_fields
 from pipelines.engine import config_io
 from pipelines.engine.checkpoints import (
     CHECKPOINTS,
@@ -130,6 +131,8 @@ class TrainConfig:
     storage_path: str | None = None
 
     def __post_init__(self) -> None:
+        # a config built in code meets the same ranges as one read from YAML or KEY=VALUE
+        check_fields(self, "train settings", "train.")
         steps = self.lr_steps
         if any(s <= 0 for s in steps) or list(steps) != sorted(set(steps)):
             raise ValueError(f"train.lr_steps must be positive, increasing step numbers; got {steps}")

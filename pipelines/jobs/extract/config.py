@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from extraction.config import DEFAULT_PRESET
+from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import DEFAULT_GRID, FEATURE_KINDS, GridConfig
+from extraction.selection import SelectionConfig
+from pipelines.engine import config_io
 from pipelines.jobs.image_inputs import InputError
 
 # none: the driver writes one store; per-replica: each replica writes its own shard of a shard set
@@ -74,6 +76,13 @@ class ExtractConfig:
     commit_seconds: float = 2.0  # commit at least this often, so a kill loses seconds of work
     progress: bool = True
     include_dashboard: bool = True
+
+    def __post_init__(self) -> None:
+        # detector settings (`--set`, `overrides.KEY=VALUE`) are checked when the config is resolved
+        try:
+            config_io.check_settings((DetectorConfig, SelectionConfig), self.overrides, "detector settings")
+        except config_io.SettingError as exc:
+            raise ValueError(exc.message) from None
 
 
 class JobError(RuntimeError):

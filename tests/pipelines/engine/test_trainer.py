@@ -174,12 +174,12 @@ def test_step_schedule_drives_the_run(tmp_path):
     [
         ({"lr_steps": [5, 5]}, "lr_steps must be positive, increasing"),
         ({"lr_steps": [8, 4]}, "lr_steps must be positive, increasing"),
-        ({"lr_steps": [0, 4]}, "lr_steps must be positive, increasing"),
-        ({"lr_gamma": 0.0}, "lr_gamma must be > 0"),
-        ({"warmup_factor": 1.5}, r"warmup_factor must be in \[0, 1\]"),
-        ({"warmup_factor": -0.1}, r"warmup_factor must be in \[0, 1\]"),
-        ({"warmup_iters": -1}, "warmup_iters must be >= 0"),
-        ({"momentum": -0.9}, "momentum must be >= 0"),
+        ({"lr_steps": [0, 4]}, r"train.lr_steps=\[0, 4\] is out of range"),
+        ({"lr_gamma": 0.0}, r"train.lr_gamma=0.0 is out of range: must be \(0, 1\]"),
+        ({"warmup_factor": 1.5}, r"train.warmup_factor=1.5 is out of range: must be \[0, 1\]"),
+        ({"warmup_factor": -0.1}, r"train.warmup_factor=-0.1 is out of range"),
+        ({"warmup_iters": -1}, "train.warmup_iters=-1 is out of range"),
+        ({"momentum": -0.9}, r"train.momentum=-0.9 is out of range: must be \[0, 1\)"),
     ],
 )
 def test_bad_schedule_settings_are_refused(bad, message):
