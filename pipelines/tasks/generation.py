@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from model.dalle import DiscreteVAE, DVAEConfig
+from pipelines.engine import config_io
 from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.image_inputs import iter_images
 
@@ -27,10 +28,19 @@ PRIMARY_METRIC = "psnr"
 class TokenizerTaskConfig:
     """What the tokenizer trains on: an image folder (or list file), a dVAE preset and field overrides."""
 
+    RANGES: ClassVar[dict[str, str]] = {"valid_every": "[0, 1000000000]"}
+
     images: str = ""
     preset: str = "small"
     dvae: dict[str, Any] = field(default_factory=dict)
     valid_every: int = 20  # every k-th image (sorted order) is held out for the PSNR; 0 = none
+
+    def __post_init__(self) -> None:
+        # `task.dvae` overrides meet DVAEConfig's types and ranges when the run's config is resolved
+        try:
+            config_io.check_settings((DVAEConfig,), self.dvae, "task.dvae", "task.dvae.")
+        except config_io.SettingError as exc:
+            raise ValueError(exc.message) from None
 
 
 def default_train_config(preset: str) -> TrainConfig:

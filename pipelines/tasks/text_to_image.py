@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 from model.dalle import DalleConfig, DalleTransformer, DiscreteVAE
 from pipelines.data.captions import CaptionImage, Vocabulary, read_karpathy_split, tokenize_caption
+from pipelines.engine import config_io
 from pipelines.engine.trainer import TrainConfig
 from pipelines.tasks.generation import load_tokenizer
 from storage.token_store import TokenReader
@@ -31,12 +32,21 @@ class TextToImageTaskConfig:
     """What the transformer trains on: a token store, a Karpathy-style captions file, and the tokenizer run
     whose dVAE made the store (copied into every checkpoint so sampling can decode)."""
 
+    RANGES: ClassVar[dict[str, str]] = {"min_word_count": "[1, 1000000000]"}
+
     features: str = ""
     captions: str = ""
     tokenizer: str = ""
     preset: str = "small"
     dalle: dict[str, Any] = field(default_factory=dict)
     min_word_count: int = 1  # caption words seen fewer times map to <unk>
+
+    def __post_init__(self) -> None:
+        # `task.dalle` overrides meet DalleConfig's types and ranges when the run's config is resolved
+        try:
+            config_io.check_settings((DalleConfig,), self.dalle, "task.dalle", "task.dalle.")
+        except config_io.SettingError as exc:
+            raise ValueError(exc.message) from None
 
 
 def default_train_config(preset: str) -> TrainConfig:
