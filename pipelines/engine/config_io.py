@@ -203,6 +203,16 @@ def check_settings(classes: Sequence[type], values: Mapping[str, Any], where: st
         _check(owner, {key: _coerce(value, hint, where, f"{prefix}{key}")}, where, prefix)
 
 
+def check_mapping_field(classes: Sequence[type], values: Mapping[str, Any], key: str) -> None:
+    """`check_settings` for a config's free-form mapping field `key` (`task.model`), from the config's
+    `__post_init__`: a plain one-line ValueError, so that the merge building the config puts the source
+    (file and line, or the KEY=VALUE argument) in front."""
+    try:
+        check_settings(classes, values, key, f"{key}.")
+    except SettingError as exc:
+        raise ValueError(exc.message) from None
+
+
 def _check(cls: type, values: Mapping[str, Any], where: str, prefix: str) -> None:
     plain = {k: v for k, v in values.items() if not dataclasses.is_dataclass(v)}
     try:

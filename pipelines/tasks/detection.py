@@ -64,11 +64,8 @@ class DetectorTaskConfig:
 
     def __post_init__(self) -> None:
         # the free-form overrides are checked when the run's config is resolved, before any file is read
-        for classes, name in (((DetectorConfig,), "detector"), ((TrainingConfig,), "training")):
-            try:
-                config_io.check_settings(classes, getattr(self, name), f"task.{name}", f"task.{name}.")
-            except config_io.SettingError as exc:
-                raise ValueError(exc.message) from None
+        config_io.check_mapping_field((DetectorConfig,), self.detector, "task.detector")
+        config_io.check_mapping_field((TrainingConfig,), self.training, "task.training")
 
 
 def default_train_config(preset: str) -> TrainConfig:

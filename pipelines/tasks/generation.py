@@ -37,10 +37,7 @@ class TokenizerTaskConfig:
 
     def __post_init__(self) -> None:
         # `task.dvae` overrides meet DVAEConfig's types and ranges when the run's config is resolved
-        try:
-            config_io.check_settings((DVAEConfig,), self.dvae, "task.dvae", "task.dvae.")
-        except config_io.SettingError as exc:
-            raise ValueError(exc.message) from None
+        config_io.check_mapping_field((DVAEConfig,), self.dvae, "task.dvae")
 
 
 def default_train_config(preset: str) -> TrainConfig:

@@ -29,7 +29,4 @@ def check_model_overrides(values: Mapping[str, Any]) -> None:
     config is resolved (before any file is read or written); the chosen family's own cross-field checks
     follow when the model is built. ValueError on one line naming the key, the value and the range."""
     classes = tuple(dict.fromkeys(f.config_class for f in FAMILIES.values()))
-    try:
-        config_io.check_settings(classes, values, "task.model", "task.model.")
-    except config_io.SettingError as exc:
-        raise ValueError(exc.message) from None
+    config_io.check_mapping_field(classes, values, "task.model")

@@ -43,10 +43,7 @@ class TextToImageTaskConfig:
 
     def __post_init__(self) -> None:
         # `task.dalle` overrides meet DalleConfig's types and ranges when the run's config is resolved
-        try:
-            config_io.check_settings((DalleConfig,), self.dalle, "task.dalle", "task.dalle.")
-        except config_io.SettingError as exc:
-            raise ValueError(exc.message) from None
+        config_io.check_mapping_field((DalleConfig,), self.dalle, "task.dalle")
 
 
 def default_train_config(preset: str) -> TrainConfig:

@@ -79,10 +79,7 @@ class ExtractConfig:
 
     def __post_init__(self) -> None:
         # detector settings (`--set`, `overrides.KEY=VALUE`) are checked when the config is resolved
-        try:
-            config_io.check_settings((DetectorConfig, SelectionConfig), self.overrides, "detector settings")
-        except config_io.SettingError as exc:
-            raise ValueError(exc.message) from None
+        config_io.check_mapping_field((DetectorConfig, SelectionConfig), self.overrides, "overrides")
 
 
 class JobError(RuntimeError):
