@@ -347,7 +347,7 @@ RESOLVE_BASE = {
     [
         ("task.model.num_attention_heads=-3", "task.model.num_attention_heads=-3 is out of range"),
         ("train.lr=[1, {a: ]", "refused YAML"),
-        ("train.lr\n=1", "unrecognized arguments: train.lr\\n=1 (see xmodal finetune --help)"),
+        ("train.lr\n=1", "unrecognized arguments: train.lr\\n=1 (see xmodal --help)"),
     ],
 )
 def test_the_command_line_refuses_on_one_line_before_any_work(override, needle, tmp_path):
