@@ -109,9 +109,9 @@ def _refused(argv: list[str], capsys, caplog, needle: str) -> list[str]:
     return lines
 
 
-def _refused_subprocess(argv: list[str], needle: str, stdin: str | None = None) -> None:
-    """`xmodal argv` in its own process: exit 1 (no signal), no traceback, within ROW_SECONDS of the command
-    starting (see CHILD)."""
+def _refused_subprocess(argv: list[str], needle: str, seconds_allowed: float | None = ROW_SECONDS) -> None:
+    """`xmodal argv` in its own process: exit 1 (no signal), no traceback, within `seconds_allowed` of the
+    command starting (see CHILD; None: only SUBPROCESS_TIMEOUT)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
         seconds = Path(tmp) / "seconds"
@@ -121,7 +121,9 @@ def _refused_subprocess(argv: list[str], needle: str, stdin: str | None = None) 
         )  # fmt: skip
         elapsed = float(seconds.read_text()) if seconds.exists() else None
     assert done.returncode == 1, done.stderr[-2000:]
-    assert elapsed is not None and elapsed <= ROW_SECONDS, f"took {elapsed} s (more than {ROW_SECONDS} s)"
+    assert elapsed is not None, done.stderr[-2000:]
+    if seconds_allowed is not None:
+        assert elapsed <= seconds_allowed, f"took {elapsed:.1f} s (more than {seconds_allowed} s)"
     assert "Traceback" not in done.stderr
     assert any(needle in line for line in done.stderr.splitlines()), done.stderr[-2000:]
 
@@ -533,4 +535,5 @@ def test_non_finite_loss_on_ray_train_workers_is_the_same_line(data, tmp_path):
     """Every worker stops at the same micro-batch; Ray neither retries bad input nor logs its traceback."""
     huge = _store(tmp_path / "huge.lmdb", value=3e38)
     argv = [str(huge) if a == str(data / "f.lmdb") else a for a in _finetune(data, tmp_path / "run")]
-    _refused_subprocess([*argv, "--workers", "2"], "xmodal finetune: loss is nan at step 1")
+    # not a row of the table: starting Ray and two train workers takes a minute or two on a busy machine
+    _refused_subprocess([*argv, "--workers", "2"], "xmodal finetune: loss is nan at step 1", None)
