@@ -3,7 +3,8 @@ training, task, model and detector configs, and any `KEY=VALUE` text, is refused
 work, or accepted into a config whose every field is inside its declared range. Never another exception.
 
 The fields are enumerated from the dataclasses, so a new field is drawn from without editing this file. The
-commands' own resolution functions run in this process (fast); two CLI runs check the one-line contract."""
+commands' own resolution functions run in this process (fast); a few CLI runs (slow) check the one-line
+contract end to end."""
 
 from __future__ import annotations
 
@@ -339,6 +340,24 @@ RESOLVE_BASE = {
     "generate-tokenizer": TokenizerRun,
     "generate-train": TextToImageRun,
 }
+
+
+def _numeric(tp: typing.Any) -> bool:
+    return tp in (int, float) or any(_numeric(a) for a in typing.get_args(tp))
+
+
+@pytest.mark.parametrize(
+    "cls",
+    sorted({cls for _, _, cls, _ in KEYS} | {cls for cls, _ in MODEL_FIELDS}, key=lambda c: c.__name__),
+    ids=lambda c: c.__name__,
+)
+def test_every_number_declares_its_range(cls):
+    """A number without a declared range would pass the properties above whatever it is (a 0 that divides,
+    a -1 that loops): each int and float field is in its class's RANGES."""
+    hints = typing.get_type_hints(cls)
+    ranges = getattr(cls, "RANGES", {})
+    missing = [f.name for f in dataclasses.fields(cls) if _numeric(hints[f.name]) and f.name not in ranges]
+    assert not missing, f"{cls.__name__} declares no range for {missing}"
 
 
 @pytest.mark.slow  # a fresh interpreter each: 10-15 s on a busy 2-core machine
