@@ -200,9 +200,9 @@ def main() -> None:
     )  # fmt: skip
     result = json.loads(report.read_text())
     psnr, codes = _best(work / "tokenizer"), _last(work / "tokenizer", "codes_used")
-    gap = _last(work / "dalle", "image_log_likelihood") - _last(
-        work / "dalle", "image_log_likelihood_shuffled_captions"
-    )
+    right = _last(work / "dalle", "image_log_likelihood")
+    other = _last(work / "dalle", "image_log_likelihood_shuffled_captions")
+    gap = right - other if right is not None and other is not None else None
     real = real_image_accuracy(
         data / "captions.json", data / "images", work / "detector" / "best", args.prompts, args.threshold
     )
@@ -219,8 +219,8 @@ def main() -> None:
         ("other-prompt accuracy", f"{result['other_prompt_accuracy']:.3f}"),
         ("detector on real test scenes", f"{real:.3f}"),
         ("detector on their dVAE round trips", f"{rebuilt:.3f}"),
-        ("codebook entries used (held out)", f"{codes:.0f}"),
-        ("caption gain (nats / image token)", f"{gap:.3f}"),
+        ("codebook entries used (held out)", f"{codes:.0f}" if codes is not None else "-"),
+        ("caption gain (nats / image token)", f"{gap:.3f}" if gap is not None else "-"),
     ] + [(f"{k} (s)", f"{v:.0f}") for k, v in times.items()]
     for name, value in rows:
         print(f"{name:34s} {value}")
@@ -239,7 +239,7 @@ def main() -> None:
         "real_image_accuracy": round(real, 3),
         "round_trip_accuracy": round(rebuilt, 3),
         "codes_used": codes,
-        "caption_gain_nats": round(gap, 4),
+        "caption_gain_nats": round(gap, 4) if gap is not None else None,
         "rerank": result["rerank"],
         "seconds": {k: round(v, 1) for k, v in times.items()},
         "train_seconds": round(sum(times[k] for k in ("tokenizer", "tokenize", "transformer")), 1),
@@ -261,10 +261,10 @@ def _best(run: Path) -> float:
 
 
 def _last(run: Path, key: str) -> float:
-    """The last value of `key` in a run's metrics.jsonl (nan when it never logged it)."""
+    """The last validation value of `key` in a run's metrics.jsonl (None when it never logged it)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    values = [row[key] for row in rows if key in row]
-    return values[-1] if values else float("nan")
+    values = [row[f"valid_{key}"] for row in rows if f"valid_{key}" in row]
+    return values[-1] if values else None
 
 
 if __name__ == "__main__":
