@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 from pipelines.commands.run_options import add_overrides_argument
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_EPILOG = """\
 precedence: preset defaults < --config YAML (train.* and task.* keys; a run's config.yaml works) < flags
@@ -149,6 +152,22 @@ def resolve_tokenizer_config(args: argparse.Namespace):
     cfg = _resolve_run(args, TokenizerRun, TokenizerTaskConfig, default_train_config, {"images": args.images})
     if not cfg.task.images:
         raise ValueError("--images is required (or task.images in --config)")
+    return fit_schedule_to_run(cfg)
+
+
+def fit_schedule_to_run(cfg):
+    """End the temperature and KL annealing within the run when --max-steps is shorter than the preset's
+    schedule (fields set in task.dvae are kept): otherwise the run stops at a temperature near 1, the
+    decoder never learns from near one-hot codes, and the argmax tokens decode poorly (on the demo's
+    scenes: 13.7 dB held-out PSNR for 200 steps of a 1500-step schedule, 16.8 dB with it ended at 200)."""
+    from model.dalle import DVAEConfig
+
+    dvae = DVAEConfig.preset(cfg.task.preset, **cfg.task.dvae)
+    steps = cfg.train.max_steps
+    for name in ("temperature_anneal_steps", "kl_anneal_steps"):
+        if name not in cfg.task.dvae and getattr(dvae, name) > steps:
+            log.info("task.dvae.%s %d -> %d (the run's max_steps)", name, getattr(dvae, name), steps)
+            cfg.task.dvae[name] = steps
     return cfg
 
 

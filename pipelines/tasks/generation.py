@@ -146,8 +146,16 @@ class TokenizerTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, float]:
         dvae = _unwrap(model).dvae
-        scores = [psnr(b["images"], dvae.decode(dvae.encode(b["images"]))) for b in loader]
-        return {PRIMARY_METRIC: float(torch.cat(scores).mean())} if scores else {}
+        scores, codes = [], set()
+        for b in loader:
+            tokens = dvae.encode(b["images"])
+            scores.append(psnr(b["images"], dvae.decode(tokens)))
+            codes.update(tokens.unique().tolist())
+        if not scores:
+            return {}
+        # Codebook usage: a collapsed dVAE (a handful of codes for the whole set) keeps the backgrounds and
+        # loses the objects' colours and shapes, whatever its PSNR.
+        return {PRIMARY_METRIC: float(torch.cat(scores).mean()), "codes_used": float(len(codes))}
 
     def save(self, model: nn.Module, directory: Path) -> None:
         _unwrap(model).dvae.save_pretrained(directory)

@@ -23,6 +23,8 @@ from storage.token_store import TokenReader
 log = logging.getLogger(__name__)
 
 PRIMARY_METRIC = "image_log_likelihood"  # minus the mean image-token cross-entropy (nats): higher is better
+# the same with every image paired with another image's caption: below PRIMARY_METRIC when the text is used
+SHUFFLED_METRIC = "image_log_likelihood_shuffled_captions"
 VOCAB_FILE = "caption_vocab.json"
 DVAE_DIR = "dvae"
 
@@ -173,12 +175,22 @@ class TextToImageTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, float]:
         transformer = _unwrap(model)
-        total, count = 0.0, 0
+        total, shuffled, count, pairs = 0.0, 0.0, 0, 0
         for b in loader:
-            out = transformer.loss(transformer.pad_text(b["text"], b["padding"]), b["image"])
+            text = transformer.pad_text(b["text"], b["padding"])
+            out = transformer.loss(text, b["image"])
             total += float(out.image) * len(b["image"])
             count += len(b["image"])
-        return {PRIMARY_METRIC: -total / count} if count else {}
+            if len(b["image"]) > 1:
+                # each image after the batch's next caption: how much the caption tells about the image
+                shuffled += float(transformer.loss(text.roll(1, 0), b["image"]).image) * len(b["image"])
+                pairs += len(b["image"])
+        if not count:
+            return {}
+        metrics = {PRIMARY_METRIC: -total / count}
+        if pairs:
+            metrics[SHUFFLED_METRIC] = -shuffled / pairs
+        return metrics
 
     def save(self, model: nn.Module, directory: Path) -> None:
         _unwrap(model).save_pretrained(directory)

@@ -53,10 +53,16 @@ def xmodal(*args: str) -> str:
 
 
 def real_image_accuracy(
-    captions: Path, images: Path, detector_dir: Path, limit: int, threshold: float
+    captions: Path,
+    images: Path,
+    detector_dir: Path,
+    limit: int,
+    threshold: float,
+    tokenizer: Path | None = None,
 ) -> float:
     """The same check on the real test scenes of the prompts: how often the detector itself confirms a
-    caption on the image it describes (the ceiling the generated images are judged under)."""
+    caption on the image it describes (the ceiling the generated images are judged under). With
+    `tokenizer`, on their dVAE round trips (the ceiling the tokenizer leaves the transformer)."""
     from PIL import Image
 
     from pipelines.apps.generate import SampleSettings
@@ -66,12 +72,34 @@ def real_image_accuracy(
     settings = EvalSettings(SampleSettings(), threshold=threshold)
     detector = load_detector(detector_dir, settings)
     rows = [im for im in json.loads(captions.read_text())["images"] if im["split"] == "test"][:limit]
-    found = detect(detector, [Image.open(images / im["filename"]) for im in rows])
+    pictures = [Image.open(images / im["filename"]).convert("RGB") for im in rows]
+    if tokenizer is not None:
+        pictures = round_trip(tokenizer, pictures)
+    found = detect(detector, pictures)
     targets = [
         prompt_targets(im["sentences"][0]["raw"], detector.classes, detector.attributes) for im in rows
     ]
     hits = [satisfies(d, t, settings.threshold) for d, t in zip(found, targets, strict=True) if t]
     return sum(hits) / len(hits)
+
+
+def round_trip(tokenizer: Path, pictures: list) -> list:
+    """The pictures encoded to tokens and decoded by the tokenizer run's best dVAE."""
+    import numpy as np
+    import torch
+
+    from pipelines.apps.generate import to_pil
+    from pipelines.tasks.generation import load_tokenizer
+
+    dvae = load_tokenizer(tokenizer).eval()
+    size = dvae.config.image_size
+    batch = torch.stack(
+        [
+            torch.from_numpy(np.asarray(p.resize((size, size)), dtype=np.float32) / 255).permute(2, 0, 1)
+            for p in pictures
+        ]
+    )
+    return to_pil(dvae.decode(dvae.encode(batch)))
 
 
 def held_out_prompts(captions: Path, out: Path, limit: int) -> Path:
@@ -85,7 +113,7 @@ def held_out_prompts(captions: Path, out: Path, limit: int) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", default="/tmp/dalle_small")
-    p.add_argument("--scenes", type=int, default=600)
+    p.add_argument("--scenes", type=int, default=3000, help="more scenes: the captions condition the image")
     p.add_argument("--detector-steps", type=int, default=400)
     p.add_argument("--tokenizer-steps", type=int, default=200)
     p.add_argument("--transformer-steps", type=int, default=400)
@@ -171,10 +199,17 @@ def main() -> None:
         ) and "",
     )  # fmt: skip
     result = json.loads(report.read_text())
-    psnr = _best(work / "tokenizer")
+    psnr, codes = _best(work / "tokenizer"), _last(work / "tokenizer", "codes_used")
+    right = _last(work / "dalle", "image_log_likelihood")
+    other = _last(work / "dalle", "image_log_likelihood_shuffled_captions")
+    gap = right - other if right is not None and other is not None else None
     real = real_image_accuracy(
         data / "captions.json", data / "images", work / "detector" / "best", args.prompts, args.threshold
     )
+    rebuilt = real_image_accuracy(
+        data / "captions.json", data / "images", work / "detector" / "best", args.prompts, args.threshold,
+        tokenizer=work / "tokenizer",
+    )  # fmt: skip
     load = os.getloadavg()
     rows = [
         ("tokenizer held-out PSNR (dB)", f"{psnr:.2f}"),
@@ -183,6 +218,9 @@ def main() -> None:
         ("random-token accuracy", f"{result['random_token_accuracy']:.3f}"),
         ("other-prompt accuracy", f"{result['other_prompt_accuracy']:.3f}"),
         ("detector on real test scenes", f"{real:.3f}"),
+        ("detector on their dVAE round trips", f"{rebuilt:.3f}"),
+        ("codebook entries used (held out)", f"{codes:.0f}" if codes is not None else "-"),
+        ("caption gain (nats / image token)", f"{gap:.3f}" if gap is not None else "-"),
     ] + [(f"{k} (s)", f"{v:.0f}") for k, v in times.items()]
     for name, value in rows:
         print(f"{name:34s} {value}")
@@ -199,6 +237,9 @@ def main() -> None:
         "random_token_accuracy": random_acc,
         "other_prompt_accuracy": result["other_prompt_accuracy"],
         "real_image_accuracy": round(real, 3),
+        "round_trip_accuracy": round(rebuilt, 3),
+        "codes_used": codes,
+        "caption_gain_nats": round(gap, 4) if gap is not None else None,
         "rerank": result["rerank"],
         "seconds": {k: round(v, 1) for k, v in times.items()},
         "train_seconds": round(sum(times[k] for k in ("tokenizer", "tokenize", "transformer")), 1),
@@ -217,6 +258,13 @@ def _best(run: Path) -> float:
         if key.endswith("psnr")
     ]
     return max(values) if values else float("nan")
+
+
+def _last(run: Path, key: str) -> float:
+    """The last validation value of `key` in a run's metrics.jsonl (None when it never logged it)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    values = [row[f"valid_{key}"] for row in rows if f"valid_{key}" in row]
+    return values[-1] if values else None
 
 
 if __name__ == "__main__":

@@ -70,3 +70,25 @@ def test_psnr_is_the_textbook_formula():
     a = torch.zeros(1, 3, 4, 4)
     b = torch.full((1, 3, 4, 4), 0.1)
     assert torch.allclose(psnr(a, b), torch.tensor([20.0]))
+
+
+def test_evaluation_counts_the_codes_the_held_out_images_use(images):
+    torch.manual_seed(0)
+    task = _task(images)
+    model = task.build_model().eval()
+    batch = task.collate([task.valid_dataset()[i] for i in range(2)], np.random.default_rng(0))
+    metrics = task.evaluate(model, [batch])
+    logits = model.dvae.encoder(2 * 0.4 * batch["images"] + 0.1)  # map_pixels written out, eps 0.1
+    assert metrics["codes_used"] == len(set(logits.argmax(1).flatten().tolist()))
+
+
+def test_a_short_run_ends_the_annealing_within_it():
+    from pipelines.commands.generate import fit_schedule_to_run
+    from pipelines.tasks.generation import TokenizerRun
+
+    short = fit_schedule_to_run(TokenizerRun(train=TrainConfig(max_steps=200)))
+    assert short.task.dvae == {"temperature_anneal_steps": 200, "kl_anneal_steps": 200}
+    chosen = TokenizerRun(train=TrainConfig(max_steps=200))
+    chosen.task.dvae = {"temperature_anneal_steps": 1000}  # the user's own schedule is kept
+    assert fit_schedule_to_run(chosen).task.dvae == {"temperature_anneal_steps": 1000, "kl_anneal_steps": 200}
+    assert fit_schedule_to_run(TokenizerRun(train=TrainConfig(max_steps=5000))).task.dvae == {}

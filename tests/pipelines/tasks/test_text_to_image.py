@@ -93,3 +93,21 @@ def test_a_store_from_another_tokenizer_is_refused(data):
     DiscreteVAE(cfg).save_pretrained(data / "tok" / "best")
     with pytest.raises(ValueError, match="tokenize with it"):
         _task(data)
+
+
+def test_evaluation_scores_the_images_after_other_captions_too(data):
+    from pipelines.tasks.text_to_image import PRIMARY_METRIC, SHUFFLED_METRIC
+
+    torch.manual_seed(0)
+    task = _task(data)
+    model = task.build_model().eval()
+    valid = task.valid_dataset()
+    batch = task.collate([valid[i] for i in range(len(valid))], np.random.default_rng(0))
+    metrics = task.evaluate(model, [batch])
+    text = model.pad_text(batch["text"], batch["padding"])
+    wrong = torch.cat([text[-1:], text[:-1]])  # image i after caption i - 1
+    with torch.no_grad():
+        logits = model(wrong, batch["image"]).image_logits
+    by_hand = -torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["image"].flatten())
+    assert metrics[SHUFFLED_METRIC] == pytest.approx(float(by_hand), rel=1e-5)
+    assert metrics[PRIMARY_METRIC] != pytest.approx(metrics[SHUFFLED_METRIC], rel=1e-9)
