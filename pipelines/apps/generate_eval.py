@@ -13,7 +13,7 @@ from PIL import Image
 
 from extraction.detector import Detector
 from pipelines.apps.generate import SampleSettings, decode, random_token_images, sample_tokens
-from pipelines.apps.generate_rerank import RERANKERS, rerank_scores
+from pipelines.apps.generate_rerank import RERANKERS, Judge, rerank_scores
 from pipelines.scoring.prompt_accuracy import Detection, prompt_targets, satisfies
 from pipelines.tasks.text_to_image import TextToImageModel
 from storage.records import RegionFeatures
@@ -80,13 +80,19 @@ def detect(detector: Detector, images: list[Image.Image]) -> list[list[Detection
 
 
 def evaluate(
-    model: TextToImageModel, detector: Detector, prompts: Sequence[str], settings: EvalSettings
+    model: TextToImageModel,
+    detector: Detector,
+    prompts: Sequence[str],
+    settings: EvalSettings,
+    judge: Judge | None = None,
+    reranker: str | None = None,
 ) -> dict:
     """Prompt accuracy of the best-ranked of n samples per prompt (`prompt_accuracy`), of every sample
     (`sample_accuracy`), of n images decoded from random tokens per prompt (`random_token_accuracy`),
     and of each prompt's best sample judged against the next prompt's targets (`other_prompt_accuracy`,
     pairs that ask for the same objects left out). Prompts naming no colour and shape the detector knows
-    are left out and counted."""
+    are left out and counted. `judge` scores the decoded candidates for `--rerank captioner`; `reranker`
+    describes it in the result (default: the method's name)."""
     if settings.rerank not in RERANKERS:
         raise ValueError(f"--rerank {settings.rerank!r}: choose one of {', '.join(RERANKERS)}")
     shapes, colours = detector.classes, detector.attributes
@@ -109,7 +115,7 @@ def evaluate(
         )  # fmt: skip
         tokens = sample_tokens(model, prompt, sampling)
         contrast = [kept[(i + k) % len(kept)][0] for k in range(1, CONTRAST_PROMPTS + 1) if len(kept) > k]
-        scores = rerank_scores(model, prompt, tokens, settings.rerank, contrast)
+        scores = rerank_scores(model, prompt, tokens, settings.rerank, contrast, judge)
         found = detect(detector, decode(model, tokens))
         hits = [satisfies(d, wanted, threshold) for d in found]
         best = int(scores.argmax()) if settings.rerank != "none" else 0
@@ -132,6 +138,7 @@ def evaluate(
         "prompts_left_out": len(scored) - len(kept),
         "samples_per_prompt": n,
         "rerank": settings.rerank,
+        "reranker": reranker or settings.rerank,
         "threshold": threshold,
         "fid": None,
         "fid_skipped": "FID needs the Inception weights, which are not downloaded here",

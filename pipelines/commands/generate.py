@@ -23,6 +23,26 @@ image-token log-likelihood, last/) holds the transformer, caption_vocab.json and
 """
 
 
+def add_rerank_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    from pipelines.apps.generate_rerank import RERANKERS
+
+    parser.add_argument(
+        "--rerank",
+        choices=RERANKERS,
+        default=default,
+        help="candidate order: the transformer's log p(image | prompt) (likelihood), that minus its mean "
+        "over other prompts (contrastive), a fine-tuned captioner's log p(prompt | the candidate's detected "
+        "regions) (captioner, needs --captioner), or none (the sampling order)",
+    )
+    parser.add_argument(
+        "--captioner", help="with --rerank captioner: a `xmodal finetune --task caption` run's best/"
+    )
+    parser.add_argument(
+        "--captioner-detector",
+        help="the detector directory the captioner's features came from (default: the one they record)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from model.dalle import DalleConfig, DVAEConfig
 
@@ -72,8 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sp = sub.add_parser(
         "sample",
         help="generate images for a prompt with a trained checkpoint",
-        description="sample image tokens after PROMPT (top-k / top-p, seeded) and decode them with the "
-        "checkpoint's dVAE into PNG files (not re-ranked)",
+        description="sample image tokens after PROMPT (top-k / top-p, seeded), decode them with the "
+        "checkpoint's dVAE and write them best first (sample_000.png) by the --rerank order, with "
+        "ranking.json naming the re-ranker and each candidate's score",
     )
     sp.add_argument("prompt", help='the text, e.g. "a red circle at the top left"')
     sp.add_argument("--checkpoint", required=True, help="a `generate train` run or checkpoint directory")
@@ -83,6 +104,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sp.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
     sp.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     sp.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same images)")
+    add_rerank_arguments(sp, "likelihood")
+    sp.add_argument(
+        "--contrast",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="with --rerank contrastive: another prompt to contrast with (repeat the flag)",
+    )
 
     ev = sub.add_parser(
         "evaluate",
@@ -95,13 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--detector", required=True, help="a `xmodal detector train` directory (e.g. RUN/best)")
     ev.add_argument("--prompts", required=True, help="text file, one held-out prompt per line")
     ev.add_argument("--n", type=int, default=8, help="candidates per prompt")
-    ev.add_argument(
-        "--rerank",
-        choices=("likelihood", "contrastive", "none"),
-        default="likelihood",
-        help="candidate order: the transformer's log p(image | prompt), that minus its mean over other "
-        "prompts, or none (the first sample)",
-    )
+    add_rerank_arguments(ev, "likelihood")
     ev.add_argument("--threshold", type=float, default=0.5, help="detector class score that counts")
     ev.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     ev.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
@@ -212,7 +235,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts)
         model = TextToImageModel.load(args.checkpoint)
         detector = load_detector(args.detector, settings)
-        result = evaluate(model, detector, prompts, settings)
+        judge, reranker = load_judge(args)
+        result = evaluate(model, detector, prompts, settings, judge, reranker)
     except (ValueError, OSError, CaptionDataError, CheckpointError) as exc:
         print(f"xmodal generate evaluate: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
@@ -224,10 +248,24 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"{key:24s} {'n/a' if value is None else f'{value:.3f}'}")
     print(
         f"{result['prompts']} prompts ({result['prompts_left_out']} left out), "
-        f"{result['samples_per_prompt']} samples each, re-ranked by {result['rerank']}; "
+        f"{result['samples_per_prompt']} samples each, re-ranked by {result['reranker']}; "
         f"FID skipped: {result['fid_skipped']}"
     )
     return 0
+
+
+def load_judge(args: argparse.Namespace):
+    """The captioner re-ranker and its description for `--rerank captioner`; (None, method) otherwise."""
+    if args.rerank != "captioner":
+        if args.captioner or args.captioner_detector:
+            raise ValueError("--captioner and --captioner-detector go with --rerank captioner")
+        return None, args.rerank
+    if not args.captioner:
+        raise ValueError("--rerank captioner needs --captioner RUN (a captioning run's best/)")
+    from pipelines.apps.generate_rerank_captioner import CaptionerReranker
+
+    judge = CaptionerReranker.load(args.captioner, args.captioner_detector)
+    return judge, judge.source
 
 
 def _tokenize(args: argparse.Namespace) -> int:
@@ -270,16 +308,34 @@ def _train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from pipelines.apps.generate import SampleSettings, sample, write_images
+    import json
+
+    from extraction.weights import CheckpointError
+    from pipelines.apps.generate import SampleSettings, decode, sample_tokens, write_images
+    from pipelines.apps.generate_rerank import rank, rerank_scores
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
     settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
     try:
         model = TextToImageModel.load(args.checkpoint)
-        paths = write_images(sample(model, args.prompt, settings), args.out)
-    except (ValueError, OSError, CaptionDataError) as exc:
+        judge, reranker = load_judge(args)
+        tokens = sample_tokens(model, args.prompt, settings)
+        scores = rerank_scores(model, args.prompt, tokens, args.rerank, args.contrast, judge)
+        order = rank(scores)
+        images = decode(model, tokens)
+        paths = write_images([images[i] for i in order], args.out)
+        ranking = {
+            "prompt": args.prompt,
+            "reranker": reranker,
+            "candidates": [
+                {"file": p.name, "sample": i, "score": float(scores[i])}
+                for p, i in zip(paths, order, strict=True)
+            ],
+        }
+        (Path(args.out) / "ranking.json").write_text(json.dumps(ranking, indent=1) + "\n")
+    except (ValueError, OSError, CaptionDataError, CheckpointError) as exc:
         print(f"xmodal generate sample: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
-    print(f"{len(paths)} images for {args.prompt!r}: {args.out}")
+    print(f"{len(paths)} images for {args.prompt!r}, best first by {reranker}: {args.out}")
     return 0

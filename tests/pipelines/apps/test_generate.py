@@ -64,7 +64,7 @@ def test_sample_command_writes_pngs(checkpoint, tmp_path, capsys):
         str(out),
     ]
     assert main([*args, "--top-k", "3"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["sample_000.png", "sample_001.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["sample_000.png", "sample_001.png"]
     assert Image.open(out / "sample_000.png").size == (8, 8)
 
 
