@@ -134,14 +134,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     tz = sub.add_parser(
         "tokenize",
-        help="extract the images' token grids into an image-token store",
-        description="encode every image of a folder with a trained dVAE into an image-token store (one "
-        "record per image: its token grid); an existing store is resumed, ids already in it are skipped",
+        help="extract the images' token grids into an image-token store (a Ray job, resumable)",
+        description="encode every image of the folders with a trained dVAE into an image-token store (one "
+        "record per image: its token grid), by the same Ray job as `xmodal extract`: decoder actors, dVAE "
+        "replicas, bad images retried alone then recorded in NAME.errors.jsonl, NAME.summary.json beside "
+        "the store; an existing store is resumed (ids already in it are skipped)",
     )
-    tz.add_argument("--images", required=True, help="image folder or list file")
+    tz.add_argument("--images", required=True, nargs="+", help="image folders, list files or images")
     tz.add_argument("--tokenizer", required=True, help="train-tokenizer run (its best/) or dVAE directory")
     tz.add_argument("--out", required=True, help="image-token store directory")
     tz.add_argument("--batch-size", type=int, default=64, help="images encoded at once")
+    tz.add_argument("--recursive", action="store_true", help="descend into sub-folders")
+    tz.add_argument("--workers", type=int, help="dVAE replicas (default: one per GPU, else one)")
+    tz.add_argument(
+        "--cpus-per-worker",
+        type=float,
+        help="CPUs each replica reserves (default: those left after decoding)",
+    )
+    tz.add_argument("--address", help="Ray cluster to join (default: a private local instance)")
+    tz.add_argument(
+        "--max-failures", type=int, default=0, help="unreadable images tolerated before exit status 2"
+    )
+    tz.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 def _resolve_run(args: argparse.Namespace, run_cls, task_cls, default_train_config, task_flags: dict):
@@ -269,19 +283,33 @@ def load_judge(args: argparse.Namespace):
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from pipelines.jobs.tokenize import tokenize_images
+    from pipelines.jobs.extract.config import JobError
+    from pipelines.jobs.tokenize import TokenizeConfig, run_tokenize
     from storage.errors import StoreError
 
+    cfg = TokenizeConfig(
+        images=args.images,
+        tokenizer=args.tokenizer,
+        out=args.out,
+        batch_size=args.batch_size,
+        recursive=args.recursive,
+        workers=args.workers,
+        cpus_per_worker=args.cpus_per_worker,
+        address=args.address,
+        max_failures=args.max_failures,
+        progress=args.progress,
+    )
     try:
-        s = tokenize_images(args.images, args.tokenizer, args.out, args.batch_size)
-    except (ValueError, KeyError, OSError, StoreError) as exc:
+        s = run_tokenize(cfg)
+    except (ValueError, KeyError, OSError, StoreError, JobError) as exc:
         print(f"xmodal generate tokenize: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
     print(
         f"{s.written} token grids written, {s.skipped_present} already stored, {s.failed} unreadable "
-        f"(see errors.jsonl) of {s.total} images: {args.out}"
+        f"(see {s.errors}) of {s.total} images by {s.replicas} {s.device} replica(s), "
+        f"{s.images_per_s:g} images/s: {args.out}"
     )
-    return 0
+    return s.exit_code
 
 
 def _train_tokenizer(args: argparse.Namespace) -> int:
