@@ -130,6 +130,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
     ev.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
+    ev.add_argument(
+        "--fid-weights",
+        help="torch-fidelity's Inception-v3 weights file (weights-inception-2015-12-05-6726825d.pth); "
+        "with --fid-images, FID of the best-ranked samples (else skipped with the reason; never downloaded)",
+    )
+    ev.add_argument("--fid-images", help="folder of real images FID compares the samples with")
     ev.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     tz = sub.add_parser(
@@ -236,7 +242,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from extraction.weights import CheckpointError
     from pipelines.apps.generate import SampleSettings
-    from pipelines.apps.generate_eval import EvalSettings, evaluate, load_detector, read_prompts
+    from pipelines.apps.generate_eval import EvalSettings, evaluate, load_detector, load_fid, read_prompts
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
@@ -250,21 +256,29 @@ def _evaluate(args: argparse.Namespace) -> int:
         model = TextToImageModel.load(args.checkpoint)
         detector = load_detector(args.detector, settings)
         judge, reranker = load_judge(args)
-        result = evaluate(model, detector, prompts, settings, judge, reranker)
+        fid_inputs = load_fid(args.fid_weights, args.fid_images, model.dvae.config.image_size)
+        result = evaluate(model, detector, prompts, settings, judge, reranker, fid_inputs)
     except (ValueError, OSError, CaptionDataError, CheckpointError) as exc:
         print(f"xmodal generate evaluate: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result))
         return 0
-    for key in ("prompt_accuracy", "sample_accuracy", "random_token_accuracy", "other_prompt_accuracy"):
+    for key in (
+        "prompt_accuracy",
+        "sample_accuracy",
+        "random_token_accuracy",
+        "other_prompt_accuracy",
+        "fid",
+    ):
         value = result[key]
         print(f"{key:24s} {'n/a' if value is None else f'{value:.3f}'}")
     print(
         f"{result['prompts']} prompts ({result['prompts_left_out']} left out), "
-        f"{result['samples_per_prompt']} samples each, re-ranked by {result['reranker']}; "
-        f"FID skipped: {result['fid_skipped']}"
+        f"{result['samples_per_prompt']} samples each, re-ranked by {result['reranker']}"
     )
+    if result["fid_skipped"]:
+        print(f"FID skipped: {result['fid_skipped']}")
     return 0
 
 
