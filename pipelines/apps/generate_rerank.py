@@ -1,7 +1,8 @@
 """Re-ranking DALL-E's candidates without CLIP: by the transformer's own log-likelihood of each candidate's
 image tokens given the prompt, optionally contrasted with other prompts (how much better this prompt
 explains the image than prompts about something else), or by a judge that looks at the decoded images
-(a fine-tuned captioner's likelihood of the prompt: `generate_rerank_captioner`)."""
+(a fine-tuned captioner's likelihood of the prompt: `generate_rerank_captioner`; a retrieval-tuned
+LXMERT/ViLBERT's matching score: `generate_rerank_matching`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from PIL import Image
 from pipelines.apps.generate import decode, prompt_text
 from pipelines.tasks.text_to_image import TextToImageModel
 
-RERANKERS = ("likelihood", "contrastive", "captioner", "none")
+RERANKERS = ("likelihood", "contrastive", "captioner", "matching", "none")
 
 Judge = Callable[[str, Sequence[Image.Image]], torch.Tensor]  # (prompt, images) -> (n,) higher = better
 
@@ -37,15 +38,17 @@ def rerank_scores(
 ) -> torch.Tensor:
     """(n,) scores, higher = better match. `likelihood`: log p(tokens | prompt). `contrastive`: that minus
     the mean log p(tokens | c) over the `contrast` prompts (pointwise mutual information against them).
-    `captioner`: `judge` (a `CaptionerReranker`) on the decoded candidates. `none`: zeros (the sampling
+    `captioner` / `matching`: `judge` (a `CaptionerReranker` / `MatchingReranker`) on the decoded
+    candidates. `none`: zeros (the sampling
     order is kept)."""
     if method not in RERANKERS:
         raise ValueError(f"--rerank {method!r}: choose one of {', '.join(RERANKERS)}")
     if method == "none":
         return torch.zeros(tokens.shape[0])
-    if method == "captioner":
+    if method in ("captioner", "matching"):
         if judge is None:
-            raise ValueError("--rerank captioner needs --captioner RUN (a captioning run's best/)")
+            flag = "--captioner RUN (a captioning run's best/)" if method == "captioner" else "--matcher RUN"
+            raise ValueError(f"--rerank {method} needs {flag}")
         return judge(prompt, decode(model, tokens)).float()
     score = image_log_likelihood(model, prompt, tokens)
     if method == "contrastive":

@@ -52,6 +52,32 @@ def caption_log_likelihood(tuned: Finetuned, prompt: str, regions: Sequence[Regi
     return scores
 
 
+def load_region_model(
+    checkpoint: str | Path, detector: str | Path | None, kind: type, flag: str, what: str
+) -> tuple[Finetuned, Detector]:
+    """A fine-tuned `kind` checkpoint and the detector that makes the regions it reads (`detector`, else
+    the one its features record); one-line errors naming `flag`."""
+    try:
+        tuned = load_finetuned(checkpoint)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{flag}: {exc}") from exc
+    if not issubclass(tuned.kind, kind):
+        raise ValueError(
+            f"{flag} {checkpoint}: a {tuned.task} checkpoint; give a {what} run's best/ "
+            f"(`xmodal finetune --task {kind.name}`)"
+        )
+    if detector is not None and not Path(detector).is_dir():
+        raise FileNotFoundError(f"{flag}-detector {str(detector)!r} is not a detector directory")
+    built = build_detector(tuned, None if detector is None else str(detector), device="cpu")
+    dim = tuned.model.config.visual_feat_dim
+    if built.feature_dim != dim:
+        raise ValueError(
+            f"the detector gives {built.feature_dim}-d features but {flag} {checkpoint} reads {dim}-d: "
+            f"pass the detector its features were extracted with ({flag}-detector)"
+        )
+    return tuned, built
+
+
 @dataclass
 class CaptionerReranker:
     """A captioning checkpoint and the detector that makes the regions it reads."""
@@ -64,26 +90,8 @@ class CaptionerReranker:
     def load(cls, checkpoint: str | Path, detector: str | Path | None = None) -> CaptionerReranker:
         """`checkpoint`: a `xmodal finetune --task caption` directory (best/ or last/); `detector`: the
         detector directory its features came from (default: the one its features record)."""
-        try:
-            tuned = load_finetuned(checkpoint)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"--captioner: {exc}") from exc
-        if not issubclass(tuned.kind, CaptionTask):
-            raise ValueError(
-                f"--captioner {checkpoint}: a {tuned.task} checkpoint; give a captioning run's best/ "
-                "(`xmodal finetune --task caption`)"
-            )
-        if detector is not None and not Path(detector).is_dir():
-            raise FileNotFoundError(f"--captioner-detector {str(detector)!r} is not a detector directory")
-        built = build_detector(tuned, None if detector is None else str(detector), device="cpu")
-        dim = tuned.model.config.visual_feat_dim
-        if built.feature_dim != dim:
-            raise ValueError(
-                f"the detector gives {built.feature_dim}-d features but the captioner {checkpoint} reads "
-                f"{dim}-d: pass the detector its features were extracted with (--captioner-detector)"
-            )
-        arch = tuned.settings.get("arch", "?")
-        return cls(tuned, built, f"captioner {arch} {Path(checkpoint).resolve()}")
+        tuned, built = load_region_model(checkpoint, detector, CaptionTask, "--captioner", "captioning")
+        return cls(tuned, built, f"captioner {tuned.settings.get('arch', '?')} {Path(checkpoint).resolve()}")
 
     def regions(self, images: Sequence[Image.Image]) -> list[RegionFeatures]:
         arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]) for im in images]

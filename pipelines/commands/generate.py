@@ -32,7 +32,8 @@ def add_rerank_arguments(parser: argparse.ArgumentParser, default: str) -> None:
         default=default,
         help="candidate order: the transformer's log p(image | prompt) (likelihood), that minus its mean "
         "over other prompts (contrastive), a fine-tuned captioner's log p(prompt | the candidate's detected "
-        "regions) (captioner, needs --captioner), or none (the sampling order)",
+        "regions) (captioner, needs --captioner), a retrieval-tuned LXMERT/ViLBERT's matching score of "
+        "(prompt, regions) (matching, needs --matcher), or none (the sampling order)",
     )
     parser.add_argument(
         "--captioner", help="with --rerank captioner: a `xmodal finetune --task caption` run's best/"
@@ -40,6 +41,13 @@ def add_rerank_arguments(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument(
         "--captioner-detector",
         help="the detector directory the captioner's features came from (default: the one they record)",
+    )
+    parser.add_argument(
+        "--matcher", help="with --rerank matching: a `xmodal finetune --task retrieval` run's best/"
+    )
+    parser.add_argument(
+        "--matcher-detector",
+        help="the detector directory the matcher's features came from (default: the one they record)",
     )
 
 
@@ -283,16 +291,27 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def load_judge(args: argparse.Namespace):
-    """The captioner re-ranker and its description for `--rerank captioner`; (None, method) otherwise."""
-    if args.rerank != "captioner":
-        if args.captioner or args.captioner_detector:
-            raise ValueError("--captioner and --captioner-detector go with --rerank captioner")
+    """The model re-ranker and its description for `--rerank captioner|matching`; (None, method) else."""
+    flags = {
+        "captioner": (args.captioner, args.captioner_detector),
+        "matching": (args.matcher, args.matcher_detector),
+    }
+    for method, (model, detector) in flags.items():
+        if args.rerank != method and (model or detector):
+            flag = "--captioner" if method == "captioner" else "--matcher"
+            raise ValueError(f"{flag} and {flag}-detector go with --rerank {method}")
+    if args.rerank not in flags:
         return None, args.rerank
-    if not args.captioner:
-        raise ValueError("--rerank captioner needs --captioner RUN (a captioning run's best/)")
-    from pipelines.apps.generate_rerank_captioner import CaptionerReranker
-
-    judge = CaptionerReranker.load(args.captioner, args.captioner_detector)
+    model, detector = flags[args.rerank]
+    if args.rerank == "captioner":
+        if not model:
+            raise ValueError("--rerank captioner needs --captioner RUN (a captioning run's best/)")
+        from pipelines.apps.generate_rerank_captioner import CaptionerReranker as Reranker
+    else:
+        if not model:
+            raise ValueError("--rerank matching needs --matcher RUN (a retrieval run's best/)")
+        from pipelines.apps.generate_rerank_matching import MatchingReranker as Reranker
+    judge = Reranker.load(model, detector)
     return judge, judge.source
 
 

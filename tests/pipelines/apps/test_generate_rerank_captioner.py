@@ -4,7 +4,6 @@ re-ranker ranked and refuse a captioner re-ranking without a captioner in one li
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -12,54 +11,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from extraction.config import PRESETS, SMALL_PRESET
-from extraction.rcnn import VGFasterRCNN, init_random_weights
-from extraction.weights import save_detector_dir
-from model.dalle import DalleConfig, DalleTransformer, DiscreteVAE, DVAEConfig
-from pipelines.apps.demo.synthetic import COLOURS, SHAPES
+from extraction.config import SMALL_PRESET
 from pipelines.apps.generate import SampleSettings, decode, sample_tokens
 from pipelines.apps.generate_rerank import rank, rerank_scores
 from pipelines.apps.generate_rerank_captioner import CaptionerReranker
 from pipelines.cli import main
-from pipelines.data.captions import Vocabulary
 from pipelines.tasks.finetune import FinetuneConfig
 from pipelines.tasks.finetuned import build_task
-from pipelines.tasks.text_to_image import DVAE_DIR, VOCAB_FILE, TextToImageModel
+from pipelines.tasks.text_to_image import TextToImageModel
 from storage import FeatureWriter, RegionFeatures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WORDS = ["a", "and", *COLOURS, *SHAPES]
 PROMPT = "a red circle"
 BOXES = 4
-
-
-@pytest.fixture(scope="module")
-def dalle_run(tmp_path_factory):
-    torch.manual_seed(0)
-    vocab = Vocabulary(WORDS)
-    dvae = DiscreteVAE(
-        DVAEConfig(image_size=16, downsample=4, hidden_size=8, codebook_size=7, blocks_per_group=1)
-    )
-    cfg = DalleConfig(
-        text_vocab_size=len(vocab), text_length=8, image_vocab_size=7, image_grid=4,
-        num_layers=1, num_heads=2, hidden_size=16, conv_kernel=3,
-    )  # fmt: skip
-    directory = tmp_path_factory.mktemp("dalle") / "best"
-    DalleTransformer(cfg).save_pretrained(directory)
-    vocab.save(directory / VOCAB_FILE)
-    dvae.save_pretrained(directory / DVAE_DIR)
-    return directory.parent
-
-
-@pytest.fixture(scope="module")
-def detector_dir(tmp_path_factory):
-    config = dataclasses.replace(PRESETS[SMALL_PRESET], min_size=64, max_size=96, post_nms_topk=20)
-    model = VGFasterRCNN(config)
-    init_random_weights(model, 3)
-    directory = tmp_path_factory.mktemp("det") / "best"
-    save_detector_dir(model.eval(), config, SMALL_PRESET, list(SHAPES), list(COLOURS), directory)
-    return directory
 
 
 @pytest.fixture(scope="module")
