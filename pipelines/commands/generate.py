@@ -36,17 +36,23 @@ def add_rerank_arguments(parser: argparse.ArgumentParser, default: str) -> None:
         "(prompt, regions) (matching, needs --matcher), or none (the sampling order)",
     )
     parser.add_argument(
-        "--captioner", help="with --rerank captioner: a `xmodal finetune --task caption` run's best/"
+        "--captioner",
+        metavar="RUN",
+        help="with --rerank captioner: a `xmodal finetune --task caption` run's best/",
     )
     parser.add_argument(
         "--captioner-detector",
+        metavar="DIR",
         help="the detector directory the captioner's features came from (default: the one they record)",
     )
     parser.add_argument(
-        "--matcher", help="with --rerank matching: a `xmodal finetune --task retrieval` run's best/"
+        "--matcher",
+        metavar="RUN",
+        help="with --rerank matching: a `xmodal finetune --task retrieval` run's best/",
     )
     parser.add_argument(
         "--matcher-detector",
+        metavar="DIR",
         help="the detector directory the matcher's features came from (default: the one they record)",
     )
 
@@ -140,10 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
     ev.add_argument(
         "--fid-weights",
+        metavar="PATH",
         help="torch-fidelity's Inception-v3 weights file (weights-inception-2015-12-05-6726825d.pth); "
         "with --fid-images, FID of the best-ranked samples (else skipped with the reason; never downloaded)",
     )
-    ev.add_argument("--fid-images", help="folder of real images FID compares the samples with")
+    ev.add_argument("--fid-images", metavar="DIR", help="folder of real images FID compares the samples with")
     ev.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     tz = sub.add_parser(
