@@ -15,7 +15,8 @@ from PIL import Image
 from extraction.detector import Detector
 from model.ranges import check_fields
 from pipelines.apps.generate import SampleSettings, decode, random_token_images, sample_tokens
-from pipelines.apps.generate_rerank import RERANKERS, rerank_scores
+from pipelines.apps.generate_rerank import RERANKERS, Judge, rerank_scores
+from pipelines.scoring.fid import FidError, InceptionFeatures, fid, skip_reason
 from pipelines.scoring.prompt_accuracy import Detection, prompt_targets, satisfies
 from pipelines.tasks.text_to_image import TextToImageModel
 from storage.records import RegionFeatures
@@ -36,6 +37,42 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         check_fields(self, "command line", names=("threshold", "max_detections"))
+
+
+@dataclass
+class FidInputs:
+    """What FID needs: the Inception features and the real images to compare the samples with."""
+
+    extractor: InceptionFeatures
+    real: list[Image.Image]
+
+
+def read_images(folder: str | Path, size: int) -> list[Image.Image]:
+    """The real images of `folder` (by suffix), resized to the generated images' square `size`."""
+    from pipelines.jobs.image_inputs import iter_images
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FidError(f"--fid-images {str(folder)!r} is not a folder of real images")
+    images = []
+    for item in iter_images([folder]):
+        try:
+            with Image.open(item.path) as im:
+                images.append(im.convert("RGB").resize((size, size), Image.Resampling.BICUBIC))
+        except OSError as exc:
+            raise FidError(
+                f"image {item.path!r} cannot be read ({exc}); remove it from --fid-images"
+            ) from exc
+    return images
+
+
+def load_fid(weights: str | None, images: str | None, size: int) -> FidInputs | None:
+    """FID's inputs when both are given and torch-fidelity is installed; None (FID skipped) otherwise."""
+    if bool(weights) != bool(images):
+        raise FidError("--fid-weights and --fid-images go together (the Inception weights, the real images)")
+    if skip_reason(weights, images) is not None:
+        return None
+    return FidInputs(InceptionFeatures(weights), read_images(images, size))
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -87,13 +124,21 @@ def detect(detector: Detector, images: list[Image.Image]) -> list[list[Detection
 
 
 def evaluate(
-    model: TextToImageModel, detector: Detector, prompts: Sequence[str], settings: EvalSettings
+    model: TextToImageModel,
+    detector: Detector,
+    prompts: Sequence[str],
+    settings: EvalSettings,
+    judge: Judge | None = None,
+    reranker: str | None = None,
+    fid_inputs: FidInputs | None = None,
 ) -> dict:
     """Prompt accuracy of the best-ranked of n samples per prompt (`prompt_accuracy`), of every sample
     (`sample_accuracy`), of n images decoded from random tokens per prompt (`random_token_accuracy`),
     and of each prompt's best sample judged against the next prompt's targets (`other_prompt_accuracy`,
     pairs that ask for the same objects left out). Prompts naming no colour and shape the detector knows
-    are left out and counted."""
+    are left out and counted. `judge` scores the decoded candidates for `--rerank captioner`; `reranker`
+    describes it in the result (default: the method's name). With `fid_inputs`, `fid` is the FID of the
+    best-ranked samples against the real images; without, `fid_skipped` says what to provide."""
     if settings.rerank not in RERANKERS:
         raise ValueError(f"--rerank {settings.rerank!r}: choose one of {', '.join(RERANKERS)}")
     shapes, colours = detector.classes, detector.attributes
@@ -108,7 +153,7 @@ def evaluate(
             len(scored),
         )
     n, threshold = settings.sampling.n, settings.threshold
-    best_hits, sample_hits, random_hits, best_found = [], [], [], []
+    best_hits, sample_hits, random_hits, best_found, best_images = [], [], [], [], []
     for i, (prompt, wanted) in enumerate(kept):
         sampling = SampleSettings(
             n, settings.sampling.top_k, settings.sampling.top_p, settings.sampling.temperature,
@@ -116,10 +161,12 @@ def evaluate(
         )  # fmt: skip
         tokens = sample_tokens(model, prompt, sampling)
         contrast = [kept[(i + k) % len(kept)][0] for k in range(1, CONTRAST_PROMPTS + 1) if len(kept) > k]
-        scores = rerank_scores(model, prompt, tokens, settings.rerank, contrast)
-        found = detect(detector, decode(model, tokens))
+        scores = rerank_scores(model, prompt, tokens, settings.rerank, contrast, judge)
+        images = decode(model, tokens)
+        found = detect(detector, images)
         hits = [satisfies(d, wanted, threshold) for d in found]
         best = int(scores.argmax()) if settings.rerank != "none" else 0
+        best_images.append(images[best])
         best_hits.append(hits[best])
         best_found.append(found[best])
         sample_hits.extend(hits)
@@ -139,9 +186,10 @@ def evaluate(
         "prompts_left_out": len(scored) - len(kept),
         "samples_per_prompt": n,
         "rerank": settings.rerank,
+        "reranker": reranker or settings.rerank,
         "threshold": threshold,
-        "fid": None,
-        "fid_skipped": "FID needs the Inception weights, which are not downloaded here",
+        "fid": None if fid_inputs is None else fid(best_images, fid_inputs.real, fid_inputs.extractor),
+        "fid_skipped": skip_reason(None, None) if fid_inputs is None else None,
     }
 
 

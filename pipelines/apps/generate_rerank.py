@@ -1,18 +1,23 @@
 """Re-ranking DALL-E's candidates without CLIP: by the transformer's own log-likelihood of each candidate's
 image tokens given the prompt, optionally contrasted with other prompts (how much better this prompt
-explains the image than prompts about something else)."""
+explains the image than prompts about something else), or by a judge that looks at the decoded images
+(a fine-tuned captioner's likelihood of the prompt: `generate_rerank_captioner`; a retrieval-tuned
+LXMERT/ViLBERT's matching score: `generate_rerank_matching`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
-from pipelines.apps.generate import prompt_text
+from pipelines.apps.generate import decode, prompt_text
 from pipelines.tasks.text_to_image import TextToImageModel
 
-RERANKERS = ("likelihood", "contrastive", "none")
+RERANKERS = ("likelihood", "contrastive", "captioner", "matching", "none")
+
+Judge = Callable[[str, Sequence[Image.Image]], torch.Tensor]  # (prompt, images) -> (n,) higher = better
 
 
 @torch.no_grad()
@@ -29,14 +34,22 @@ def rerank_scores(
     tokens: torch.Tensor,
     method: str = "likelihood",
     contrast: Sequence[str] = (),
+    judge: Judge | None = None,
 ) -> torch.Tensor:
     """(n,) scores, higher = better match. `likelihood`: log p(tokens | prompt). `contrastive`: that minus
     the mean log p(tokens | c) over the `contrast` prompts (pointwise mutual information against them).
-    `none`: zeros (the sampling order is kept)."""
+    `captioner` / `matching`: `judge` (a `CaptionerReranker` / `MatchingReranker`) on the decoded
+    candidates. `none`: zeros (the sampling
+    order is kept)."""
     if method not in RERANKERS:
         raise ValueError(f"--rerank {method!r}: choose one of {', '.join(RERANKERS)}")
     if method == "none":
         return torch.zeros(tokens.shape[0])
+    if method in ("captioner", "matching"):
+        if judge is None:
+            flag = "--captioner RUN (a captioning run's best/)" if method == "captioner" else "--matcher RUN"
+            raise ValueError(f"--rerank {method} needs {flag}")
+        return judge(prompt, decode(model, tokens)).float()
     score = image_log_likelihood(model, prompt, tokens)
     if method == "contrastive":
         if not contrast:
@@ -44,3 +57,8 @@ def rerank_scores(
         others = torch.stack([image_log_likelihood(model, c, tokens) for c in contrast])
         score = score - others.mean(0)
     return score
+
+
+def rank(scores: torch.Tensor) -> list[int]:
+    """Candidate indices best first; ties keep the sampling order."""
+    return torch.argsort(scores, descending=True, stable=True).tolist()

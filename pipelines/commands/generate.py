@@ -26,6 +26,40 @@ image-token log-likelihood, last/) holds the transformer, caption_vocab.json and
 """
 
 
+def add_rerank_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    from pipelines.apps.generate_rerank import RERANKERS
+
+    parser.add_argument(
+        "--rerank",
+        choices=RERANKERS,
+        default=default,
+        help="candidate order: the transformer's log p(image | prompt) (likelihood), that minus its mean "
+        "over other prompts (contrastive), a fine-tuned captioner's log p(prompt | the candidate's detected "
+        "regions) (captioner, needs --captioner), a retrieval-tuned LXMERT/ViLBERT's matching score of "
+        "(prompt, regions) (matching, needs --matcher), or none (the sampling order)",
+    )
+    parser.add_argument(
+        "--captioner",
+        metavar="RUN",
+        help="with --rerank captioner: a `xmodal finetune --task caption` run's best/",
+    )
+    parser.add_argument(
+        "--captioner-detector",
+        metavar="DIR",
+        help="the detector directory the captioner's features came from (default: the one they record)",
+    )
+    parser.add_argument(
+        "--matcher",
+        metavar="RUN",
+        help="with --rerank matching: a `xmodal finetune --task retrieval` run's best/",
+    )
+    parser.add_argument(
+        "--matcher-detector",
+        metavar="DIR",
+        help="the detector directory the matcher's features came from (default: the one they record)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from model.dalle import DalleConfig, DVAEConfig
 
@@ -75,8 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sp = sub.add_parser(
         "sample",
         help="generate images for a prompt with a trained checkpoint",
-        description="sample image tokens after PROMPT (top-k / top-p, seeded) and decode them with the "
-        "checkpoint's dVAE into PNG files (not re-ranked)",
+        description="sample image tokens after PROMPT (top-k / top-p, seeded), decode them with the "
+        "checkpoint's dVAE and write them best first (sample_000.png) by the --rerank order, with "
+        "ranking.json naming the re-ranker and each candidate's score",
     )
     sp.add_argument("prompt", help='the text, e.g. "a red circle at the top left"')
     sp.add_argument("--checkpoint", required=True, help="a `generate train` run or checkpoint directory")
@@ -86,6 +121,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sp.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
     sp.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     sp.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same images)")
+    add_rerank_arguments(sp, "likelihood")
+    sp.add_argument(
+        "--contrast",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="with --rerank contrastive: another prompt to contrast with (repeat the flag)",
+    )
 
     ev = sub.add_parser(
         "evaluate",
@@ -98,30 +141,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--detector", required=True, help="a `xmodal detector train` directory (e.g. RUN/best)")
     ev.add_argument("--prompts", required=True, help="text file, one held-out prompt per line")
     ev.add_argument("--n", type=int, default=8, help="candidates per prompt")
-    ev.add_argument(
-        "--rerank",
-        choices=("likelihood", "contrastive", "none"),
-        default="likelihood",
-        help="candidate order: the transformer's log p(image | prompt), that minus its mean over other "
-        "prompts, or none (the first sample)",
-    )
+    add_rerank_arguments(ev, "likelihood")
     ev.add_argument("--threshold", type=float, default=0.5, help="detector class score that counts")
     ev.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     ev.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
     ev.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
+    ev.add_argument(
+        "--fid-weights",
+        metavar="PATH",
+        help="torch-fidelity's Inception-v3 weights file (weights-inception-2015-12-05-6726825d.pth); "
+        "with --fid-images, FID of the best-ranked samples (else skipped with the reason; never downloaded)",
+    )
+    ev.add_argument("--fid-images", metavar="DIR", help="folder of real images FID compares the samples with")
     ev.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     tz = sub.add_parser(
         "tokenize",
-        help="extract the images' token grids into an image-token store",
-        description="encode every image of a folder with a trained dVAE into an image-token store (one "
-        "record per image: its token grid); an existing store is resumed, ids already in it are skipped",
+        help="extract the images' token grids into an image-token store (a Ray job, resumable)",
+        description="encode every image of the folders with a trained dVAE into an image-token store (one "
+        "record per image: its token grid), by the same Ray job as `xmodal extract`: decoder actors, dVAE "
+        "replicas, bad images retried alone then recorded in NAME.errors.jsonl, NAME.summary.json beside "
+        "the store; an existing store is resumed (ids already in it are skipped)",
     )
-    tz.add_argument("--images", required=True, help="image folder or list file")
+    tz.add_argument("--images", required=True, nargs="+", help="image folders, list files or images")
     tz.add_argument("--tokenizer", required=True, help="train-tokenizer run (its best/) or dVAE directory")
     tz.add_argument("--out", required=True, help="image-token store directory")
     tz.add_argument("--batch-size", type=int, default=64, help="images encoded at once")
+    tz.add_argument("--recursive", action="store_true", help="descend into sub-folders")
+    tz.add_argument("--workers", type=int, help="dVAE replicas (default: one per GPU, else one)")
+    tz.add_argument(
+        "--cpus-per-worker",
+        type=float,
+        help="CPUs each replica reserves (default: those left after decoding)",
+    )
+    tz.add_argument("--address", help="Ray cluster to join (default: a private local instance)")
+    tz.add_argument(
+        "--max-failures", type=int, default=0, help="unreadable images tolerated before exit status 2"
+    )
+    tz.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 def _resolve_run(args: argparse.Namespace, run_cls, task_cls, default_train_config, task_flags: dict):
@@ -218,7 +276,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from extraction.weights import CheckpointError
     from pipelines.apps.generate import SampleSettings
-    from pipelines.apps.generate_eval import EvalSettings, evaluate, load_detector, read_prompts
+    from pipelines.apps.generate_eval import EvalSettings, evaluate, load_detector, load_fid, read_prompts
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
@@ -228,38 +286,86 @@ def _evaluate(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts)
         model = TextToImageModel.load(args.checkpoint)
         detector = load_detector(args.detector, settings)
-        result = evaluate(model, detector, prompts, settings)
+        judge, reranker = load_judge(args)
+        fid_inputs = load_fid(args.fid_weights, args.fid_images, model.dvae.config.image_size)
+        result = evaluate(model, detector, prompts, settings, judge, reranker, fid_inputs)
     except (ValueError, OSError, CaptionDataError, CheckpointError) as exc:
         print(f"xmodal generate evaluate: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result))
         return 0
-    for key in ("prompt_accuracy", "sample_accuracy", "random_token_accuracy", "other_prompt_accuracy"):
+    for key in (
+        "prompt_accuracy",
+        "sample_accuracy",
+        "random_token_accuracy",
+        "other_prompt_accuracy",
+        "fid",
+    ):
         value = result[key]
         print(f"{key:24s} {'n/a' if value is None else f'{value:.3f}'}")
     print(
         f"{result['prompts']} prompts ({result['prompts_left_out']} left out), "
-        f"{result['samples_per_prompt']} samples each, re-ranked by {result['rerank']}; "
-        f"FID skipped: {result['fid_skipped']}"
+        f"{result['samples_per_prompt']} samples each, re-ranked by {result['reranker']}"
     )
+    if result["fid_skipped"]:
+        print(f"FID skipped: {result['fid_skipped']}")
     return 0
 
 
+def load_judge(args: argparse.Namespace):
+    """The model re-ranker and its description for `--rerank captioner|matching`; (None, method) else."""
+    flags = {
+        "captioner": (args.captioner, args.captioner_detector),
+        "matching": (args.matcher, args.matcher_detector),
+    }
+    for method, (model, detector) in flags.items():
+        if args.rerank != method and (model or detector):
+            flag = "--captioner" if method == "captioner" else "--matcher"
+            raise ValueError(f"{flag} and {flag}-detector go with --rerank {method}")
+    if args.rerank not in flags:
+        return None, args.rerank
+    model, detector = flags[args.rerank]
+    if args.rerank == "captioner":
+        if not model:
+            raise ValueError("--rerank captioner needs --captioner RUN (a captioning run's best/)")
+        from pipelines.apps.generate_rerank_captioner import CaptionerReranker as Reranker
+    else:
+        if not model:
+            raise ValueError("--rerank matching needs --matcher RUN (a retrieval run's best/)")
+        from pipelines.apps.generate_rerank_matching import MatchingReranker as Reranker
+    judge = Reranker.load(model, detector)
+    return judge, judge.source
+
+
 def _tokenize(args: argparse.Namespace) -> int:
-    from pipelines.jobs.tokenize import tokenize_images
+    from pipelines.jobs.extract.config import JobError
+    from pipelines.jobs.tokenize import TokenizeConfig, run_tokenize
     from storage.errors import StoreError
 
+    cfg = TokenizeConfig(
+        images=args.images,
+        tokenizer=args.tokenizer,
+        out=args.out,
+        batch_size=args.batch_size,
+        recursive=args.recursive,
+        workers=args.workers,
+        cpus_per_worker=args.cpus_per_worker,
+        address=args.address,
+        max_failures=args.max_failures,
+        progress=args.progress,
+    )
     try:
-        s = tokenize_images(args.images, args.tokenizer, args.out, args.batch_size)
-    except (ValueError, KeyError, OSError, StoreError) as exc:
+        s = run_tokenize(cfg)
+    except (ValueError, KeyError, OSError, StoreError, JobError) as exc:
         print(f"xmodal generate tokenize: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
     print(
         f"{s.written} token grids written, {s.skipped_present} already stored, {s.failed} unreadable "
-        f"(see errors.jsonl) of {s.total} images: {args.out}"
+        f"(see {s.errors}) of {s.total} images by {s.replicas} {s.device} replica(s), "
+        f"{s.images_per_s:g} images/s: {args.out}"
     )
-    return 0
+    return s.exit_code
 
 
 def _train_tokenizer(args: argparse.Namespace) -> int:
@@ -286,16 +392,34 @@ def _train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from pipelines.apps.generate import SampleSettings, sample, write_images
+    import json
+
+    from extraction.weights import CheckpointError
+    from pipelines.apps.generate import SampleSettings, decode, sample_tokens, write_images
+    from pipelines.apps.generate_rerank import rank, rerank_scores
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
     try:
         settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
         model = TextToImageModel.load(args.checkpoint)
-        paths = write_images(sample(model, args.prompt, settings), args.out)
-    except (ValueError, OSError, CaptionDataError) as exc:
+        judge, reranker = load_judge(args)
+        tokens = sample_tokens(model, args.prompt, settings)
+        scores = rerank_scores(model, args.prompt, tokens, args.rerank, args.contrast, judge)
+        order = rank(scores)
+        images = decode(model, tokens)
+        paths = write_images([images[i] for i in order], args.out)
+        ranking = {
+            "prompt": args.prompt,
+            "reranker": reranker,
+            "candidates": [
+                {"file": p.name, "sample": i, "score": float(scores[i])}
+                for p, i in zip(paths, order, strict=True)
+            ],
+        }
+        (Path(args.out) / "ranking.json").write_text(json.dumps(ranking, indent=1) + "\n")
+    except (ValueError, OSError, CaptionDataError, CheckpointError) as exc:
         print(f"xmodal generate sample: {str(exc).splitlines()[-1]}", file=sys.stderr)
         return 1
-    print(f"{len(paths)} images for {args.prompt!r}: {args.out}")
+    print(f"{len(paths)} images for {args.prompt!r}, best first by {reranker}: {args.out}")
     return 0

@@ -1,5 +1,5 @@
-"""`xmodal serve --checkpoint DIR [--caption-checkpoint DIR]`: the page and JSON API that answer questions
-about uploaded images and describe them."""
+"""`xmodal serve --checkpoint DIR [--caption-checkpoint DIR] [--generate-checkpoint RUN]`: the page and JSON
+API that answer questions about uploaded images, describe them, and draw images for a prompt."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--caption-checkpoint",
         metavar="DIR",
         help="fine-tuned captioning directory (runs/caption/best) for /api/caption beside --checkpoint",
+    )
+    parser.add_argument(
+        "--generate-checkpoint",
+        metavar="RUN",
+        help="a `xmodal generate train` run (DALL-E) for the page's Generate tab and /api/generate; with "
+        "a captioner the samples are re-ranked by its likelihood of the prompt, else by the transformer's",
     )
     parser.add_argument(
         "--detector",
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             args.device,
             args.vocab,
             args.caption_checkpoint,
+            generate_checkpoint=args.generate_checkpoint,
             min_size=args.min_size,
             max_size=args.max_size,
         )

@@ -1,10 +1,11 @@
-"""The FastAPI application: JSON endpoints over the detector and model, the static page, errors as JSON."""
+"""The FastAPI application: JSON endpoints over the detector and models, the static page, errors as JSON."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 from pathlib import Path
@@ -20,10 +21,13 @@ from starlette.exceptions import HTTPException
 from extraction import ImageError
 from extraction.draw import region_label
 from extraction.preprocess import decode_bytes, load_resized
+from pipelines.apps.generate import SampleSettings
+from pipelines.apps.generate_rerank import rank
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.apps.serve.decode_budget import DecodeBudget
 from pipelines.apps.serve.freed_memory import give_back_freed_memory
+from pipelines.apps.serve.generation import SERVER_RERANKERS, png_data_url
 from pipelines.apps.serve.service import Service, ServiceError
 from pipelines.apps.serve.upload_limit import UploadLimit
 from storage import RegionFeatures
@@ -32,6 +36,8 @@ log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_BEAM_SIZE = 20
+DEFAULT_SAMPLES = 4  # images per prompt when the request does not say
+MAX_SAMPLES = 16
 
 
 def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
@@ -151,6 +157,68 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
                 "seconds": time.perf_counter() - started,
             }
 
+    @app.post("/api/generate")
+    async def generate(
+        prompt: str = Form(...),
+        n: int = Form(DEFAULT_SAMPLES),
+        seed: int = Form(0),
+        top_k: int | None = Form(None),
+        top_p: float | None = Form(0.9),
+        temperature: float = Form(1.0),
+        rerank: str | None = Form(None),
+    ) -> dict:
+        generator = backend.generator
+        if generator is None:
+            raise ServiceError(
+                501,
+                "this server holds no text-to-image model: start `xmodal serve` with --generate-checkpoint "
+                "a `xmodal generate train` run",
+            )
+        prompt = _check_text(prompt, config, "prompt", "describe the picture to draw")
+        if not 1 <= n <= MAX_SAMPLES:
+            raise ServiceError(400, f"n must be between 1 and {MAX_SAMPLES}, got {n}")
+        if top_k is not None and top_k < 1:
+            raise ServiceError(400, f"top_k must be at least 1, got {top_k}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ServiceError(400, f"top_p must lie in (0, 1], got {top_p}")
+        if not temperature > 0:
+            raise ServiceError(400, f"temperature must be positive, got {temperature}")
+        rerank = rerank or ("captioner" if backend.captioner is not None else "likelihood")
+        if rerank not in SERVER_RERANKERS:
+            raise ServiceError(400, f"rerank must be one of {', '.join(SERVER_RERANKERS)}, got {rerank!r}")
+        if rerank == "captioner" and backend.captioner is None:
+            raise ServiceError(
+                400, "rerank 'captioner' needs a captioner: start `xmodal serve` with --caption-checkpoint"
+            )
+        reranker = {
+            "likelihood": "likelihood: the transformer's log p(image tokens | prompt)",
+            "none": "none: the sampling order",
+        }.get(rerank)
+        if reranker is None:
+            held = backend.captioner
+            reranker = (
+                f"captioner {held.tuned.settings.get('arch')} {held.checkpoint}: log p(prompt | regions)"
+            )
+        with service.admitted():
+            started = time.perf_counter()
+            settings = SampleSettings(n, top_k, top_p, temperature, seed)
+            images, scores = await service.run(service.generate(prompt, settings, rerank))
+            return {
+                "prompt": prompt,
+                "rerank": rerank,
+                "reranker": reranker,
+                "seed": seed,
+                "images": [
+                    {
+                        "sample": i,
+                        "score": float(scores[i]) if math.isfinite(float(scores[i])) else None,
+                        "png": png_data_url(images[i]),
+                    }
+                    for i in rank(scores)
+                ],
+                "seconds": time.perf_counter() - started,
+            }
+
     return app
 
 
@@ -188,6 +256,12 @@ async def _decode(
 ) -> tuple[np.ndarray, str, tuple[int, int]]:
     """The upload at the detector's working size, its name and its original (h, w): decoded within the
     budget, which is held from the header's size until the full-size pixels are gone."""
+    if backend.detector is None:
+        raise ServiceError(
+            501,
+            "this server holds only a text-to-image model: use /api/generate, or start `xmodal serve` with "
+            "--checkpoint or --caption-checkpoint",
+        )
     name = upload.filename or "upload"
     data = await upload.read()
     try:
@@ -211,14 +285,18 @@ async def _decode(
 
 
 def _check_question(question: str, config: ServeConfig) -> str:
-    question = question.strip()
-    if not question:
-        raise ServiceError(400, "the question is empty; type a question about the image")
-    if len(question) > config.max_question_chars:
+    return _check_text(question, config, "question", "type a question about the image")
+
+
+def _check_text(text: str, config: ServeConfig, what: str, hint: str) -> str:
+    text = text.strip()
+    if not text:
+        raise ServiceError(400, f"the {what} is empty; {hint}")
+    if len(text) > config.max_question_chars:
         raise ServiceError(
-            400, f"the question has {len(question)} characters, above the {config.max_question_chars} limit"
+            400, f"the {what} has {len(text)} characters, above the {config.max_question_chars} limit"
         )
-    return question
+    return text
 
 
 def _image_json(regions: RegionFeatures, name: str) -> dict:

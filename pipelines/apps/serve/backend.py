@@ -1,5 +1,6 @@
-"""The models the server holds, through the ask and caption apps' functions: the detector, a VQA/GQA model
-and a captioner (either model may be absent, not both)."""
+"""The models the server holds, through the ask, caption and generate apps' functions: the detector, a
+VQA/GQA model, a captioner and a text-to-image model (any may be absent, not all; the detector comes with
+the first two)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from pipelines.apps.ask import ask, build_detector, detector_settings
 from pipelines.apps.caption import CaptionResult, caption_regions
+from pipelines.apps.serve.generation import HeldGenerator
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.tasks.caption import CaptionTask
 from pipelines.tasks.finetuned import Finetuned, load_finetuned
@@ -52,19 +54,23 @@ class Backend:
 
     def __init__(
         self,
-        detector: Detector,
+        detector: Detector | None,
         answerer: Held | None = None,
         captioner: Held | None = None,
         object_names: list[str] | None = None,
         attr_names: list[str] | None = None,
+        generator: HeldGenerator | None = None,
     ):
-        if answerer is None and captioner is None:
-            raise ValueError("the server needs a VQA/GQA model, a captioner or both")
+        if answerer is None and captioner is None and generator is None:
+            raise ValueError("the server needs a VQA/GQA model, a captioner or a text-to-image model")
+        if detector is None and (answerer is not None or captioner is not None):
+            raise ValueError("a question-answering model or a captioner needs the detector")
         self.detector = detector
         self.answerer = answerer
         self.captioner = captioner
         self.object_names = object_names
         self.attr_names = attr_names
+        self.generator = generator
 
     @property
     def working_size(self) -> tuple[int, int]:
@@ -93,6 +99,9 @@ class Backend:
 
     def describe(self) -> dict:
         """What is loaded, for `GET /api/health`."""
+        generate = self.generator.describe() if self.generator is not None else None
+        if self.detector is None:
+            return {"model": None, "caption": None, "detector": None, "labels": False, "generate": generate}
         provenance = self.detector.provenance()
         model = None
         if self.answerer is not None:
@@ -109,6 +118,7 @@ class Backend:
                 "max_boxes": provenance["max_boxes"],
             },
             "labels": self.object_names is not None,
+            "generate": generate,
         }
 
 
@@ -118,11 +128,16 @@ def load_backend(
     device: str = DEFAULT_DEVICE,
     vocab: str | Path | None = None,
     caption_checkpoint: str | Path | None = None,
+    generate_checkpoint: str | Path | None = None,
     **detector_overrides,
 ) -> Backend:
     """Load the fine-tuned `checkpoint` (VQA/GQA, or a captioner) and `caption_checkpoint`, the detector
     their features were made with (or `detector_weights`) and, from the `vocab` folder, the VG object and
-    attribute names; refuse what can neither answer questions nor describe images."""
+    attribute names, and the DALL-E run `generate_checkpoint`; refuse what can neither answer questions,
+    describe images nor draw them."""
+    generator = HeldGenerator.load(generate_checkpoint) if generate_checkpoint is not None else None
+    if checkpoint is None and caption_checkpoint is None and generator is not None:
+        return Backend(None, generator=generator)
     answerer = captioner = None
     device = pick_device(device)
     for path, captioner_only in ((checkpoint, False), (caption_checkpoint, True)):
@@ -144,7 +159,10 @@ def load_backend(
         else:
             answerer = held
     if answerer is None and captioner is None:
-        raise ValueError("give --checkpoint (a VQA/GQA model or a captioner) or --caption-checkpoint")
+        raise ValueError(
+            "give --checkpoint (a VQA/GQA model or a captioner), --caption-checkpoint or "
+            "--generate-checkpoint"
+        )
     # the detector is the one the first model's features were made with; the other model is told if it
     # was trained on features made otherwise (its inputs then differ from its training)
     first, second = (answerer, captioner) if answerer is not None else (captioner, None)
@@ -173,4 +191,4 @@ def load_backend(
         from extraction.draw import load_vg_vocab
 
         names = load_vg_vocab(vocab)
-    return Backend(detector, answerer, captioner, *names)
+    return Backend(detector, answerer, captioner, *names, generator=generator)

@@ -6,8 +6,13 @@ import asyncio
 import contextlib
 
 import numpy as np
+import torch
+from PIL import Image
 
+from extraction.preprocess import resize_image
 from pipelines.apps.caption import CaptionResult
+from pipelines.apps.generate import SampleSettings
+from pipelines.apps.generate_rerank_captioner import caption_log_likelihood
 from pipelines.apps.serve.backend import Answered, Backend
 from pipelines.apps.serve.batching import Batcher
 from pipelines.apps.serve.config import ServeConfig
@@ -93,6 +98,31 @@ class Service:
         work = (self.backend.caption, regions, beam_size)
         captioned = await asyncio.wrap_future(self.model.submit(work))
         return regions, captioned
+
+    async def generate(
+        self, prompt: str, settings: SampleSettings, rerank: str
+    ) -> tuple[list[Image.Image], torch.Tensor]:
+        """The candidates for `prompt` and their scores: the transformer's (`likelihood`, `none`) or the
+        held captioner's log-likelihood of the prompt on each candidate's regions (`captioner`), the
+        regions found by the server's detector batcher like an upload's."""
+        generator = self.backend.generator
+        tokens, images = await asyncio.wrap_future(self.model.submit((generator.sample, prompt, settings)))
+        if rerank != "captioner":
+            work = (generator.scores, prompt, tokens, rerank)
+            return images, await asyncio.wrap_future(self.model.submit(work))
+        min_size, max_size = self.backend.working_size
+        found = await asyncio.gather(
+            *(
+                self.regions(
+                    resize_image(np.ascontiguousarray(np.asarray(im)[:, :, ::-1]), min_size, max_size),
+                    f"sample_{i}",
+                    (im.height, im.width),
+                )
+                for i, im in enumerate(images)
+            )
+        )
+        work = (caption_log_likelihood, self.backend.captioner.tuned, prompt, list(found))
+        return images, await asyncio.wrap_future(self.model.submit(work))
 
     def close(self) -> None:
         self.detector.close()

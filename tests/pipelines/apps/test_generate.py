@@ -64,7 +64,7 @@ def test_sample_command_writes_pngs(checkpoint, tmp_path, capsys):
         str(out),
     ]
     assert main([*args, "--top-k", "3"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["sample_000.png", "sample_001.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["sample_000.png", "sample_001.png"]
     assert Image.open(out / "sample_000.png").size == (8, 8)
 
 
@@ -81,3 +81,30 @@ def test_bad_settings_are_one_line(checkpoint, tmp_path, capsys, extra, message)
     assert main(args) == 1
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_sample_contrastive_ranks_against_the_given_prompts(checkpoint, tmp_path, capsys):
+    import json
+
+    from pipelines.apps.generate import sample_tokens
+    from pipelines.apps.generate_rerank import image_log_likelihood
+
+    out = tmp_path / "out"
+    args = ["generate", "sample", "a red circle", "--checkpoint", str(checkpoint), "--n", "3",
+            "--out", str(out), "--top-p", "1", "--rerank", "contrastive"]  # fmt: skip
+    assert main(args) == 1
+    assert "needs other prompts" in capsys.readouterr().err
+    assert main([*args, "--contrast", "a circle", "--contrast", "red"]) == 0
+    ranking = json.loads((out / "ranking.json").read_text())
+    assert ranking["reranker"] == "contrastive"
+    model = TextToImageModel.load(checkpoint)
+    tokens = sample_tokens(model, "a red circle", SampleSettings(n=3, top_p=1.0, seed=0))
+    own = image_log_likelihood(model, "a red circle", tokens)
+    others = (
+        image_log_likelihood(model, "a circle", tokens) + image_log_likelihood(model, "red", tokens)
+    ) / 2
+    expected = (own - others).tolist()
+    assert [c["sample"] for c in ranking["candidates"]] == sorted(range(3), key=lambda i: -expected[i])
+    np.testing.assert_allclose(
+        [c["score"] for c in ranking["candidates"]], sorted(expected, reverse=True), rtol=1e-5
+    )

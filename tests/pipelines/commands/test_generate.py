@@ -3,7 +3,10 @@ directory, and refuses a missing folder in one line."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -49,7 +52,18 @@ def _tiny_dvae(tmp_path):
     return DiscreteVAE(cfg).save_pretrained(tmp_path / "tok" / "best")
 
 
-def test_tokenize_writes_the_dvae_grids_and_resumes(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray instance with 2 CPUs that both tokenize runs join (each start costs seconds)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_tokenize_writes_the_dvae_grids_and_resumes(ray_session, tmp_path, capsys):
     from pipelines.tasks.generation import ImageFolder
     from storage.token_store import TokenReader
 
@@ -61,15 +75,18 @@ def test_tokenize_writes_the_dvae_grids_and_resumes(tmp_path, capsys):
     (folder / "bad.png").write_bytes(b"not a png")
     _tiny_dvae(tmp_path)
     args = ["generate", "tokenize", "--images", str(folder), "--tokenizer", str(tmp_path / "tok")]
-    assert main([*args, "--out", str(tmp_path / "store"), "--batch-size", "2"]) == 0
+    # like `xmodal extract`: every readable image is stored, then exit status 2 (more than --max-failures)
+    assert main([*args, "--out", str(tmp_path / "store"), "--batch-size", "2", "--no-progress"]) == 2
     assert "3 token grids written, 0 already stored, 1 unreadable" in capsys.readouterr().out
+    errors = [json.loads(line) for line in (tmp_path / "store.errors.jsonl").read_text().splitlines()]
+    assert [e["img_id"] for e in errors] == ["bad"]
     dvae = DiscreteVAE.from_pretrained(tmp_path / "tok" / "best")
     reader = TokenReader(tmp_path / "store")
     assert len(reader) == 3 and reader.grid == 4 and reader.codebook_size == 7
     expected = dvae.encode(ImageFolder([str(folder / "1.png")], 16)[0][None])[0].numpy()
     np.testing.assert_array_equal(reader["1"], expected)
     reader.close()
-    assert main([*args, "--out", str(tmp_path / "store")]) == 0
+    assert main([*args, "--out", str(tmp_path / "store"), "--max-failures", "1", "--no-progress"]) == 0
     assert "0 token grids written, 3 already stored" in capsys.readouterr().out
 
 
@@ -78,6 +95,7 @@ def test_tokenize_refuses_a_region_store_as_out(tmp_path, capsys):
 
     FeatureWriter(tmp_path / "regions", feature_dim=4).close()
     (tmp_path / "images").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "a.png")
     _tiny_dvae(tmp_path)
     args = [
         "generate",

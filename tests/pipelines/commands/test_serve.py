@@ -31,6 +31,8 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         "vg",
         "--caption-checkpoint",
         "runs/caption/best",
+        "--generate-checkpoint",
+        "runs/dalle",
         "--port",
         "8123",
     ]
@@ -55,6 +57,7 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         "device": "auto",  # the backend picks: a GPU if any, else the CPU
         "vocab": "vg",
         "caption_checkpoint": "runs/caption/best",
+        "generate_checkpoint": "runs/dalle",
         "min_size": 300,
         "max_size": None,
     }
@@ -70,7 +73,7 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
     [
         (["--checkpoint", "{dir}"], "is not a fine-tuned directory"),
         (["--caption-checkpoint", "{dir}"], "is not a fine-tuned directory"),
-        ([], "give --checkpoint (a VQA/GQA model or a captioner) or --caption-checkpoint"),
+        ([], "give --checkpoint (a VQA/GQA model or a captioner), --caption-checkpoint or "),
         (["--checkpoint", "{dir}", "--max-batch", "0"], "max_batch must be >= 1, got 0"),
         (["--checkpoint", "{dir}", "--timeout", "0"], "timeout_s must be > 0, got 0.0"),
         (["--checkpoint", "{dir}", "--beam-size", "0"], "beam_size must be >= 1, got 0"),

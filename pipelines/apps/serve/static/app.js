@@ -1,5 +1,6 @@
 // The xmodal page: upload an image, draw its regions, ask a question, show the answers and attended regions;
-// with a captioner, describe the image and step through each word's attention over the regions.
+// with a captioner, describe the image and step through each word's attention over the regions; with a
+// text-to-image model, draw n images for a prompt, best first by the server's re-ranker.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -275,16 +276,57 @@ async function onDescribe() {
   }
 }
 
+async function onGenerate(event) {
+  event.preventDefault();
+  const prompt = $("prompt").value.trim();
+  if (!prompt) return;
+  $("generate-error").hidden = true;
+  $("generate").disabled = true;
+  $("generate-status").textContent = "drawing…";
+  const form = new FormData();
+  form.append("prompt", prompt);
+  form.append("n", $("samples").value || "4");
+  form.append("seed", $("seed").value || "0");
+  try {
+    const drawn = await call("/api/generate", form);
+    const gallery = $("gallery");
+    gallery.replaceChildren();
+    drawn.images.forEach((entry, rank) => {
+      const figure = document.createElement("figure");
+      const img = document.createElement("img");
+      img.src = entry.png;
+      img.alt = `sample ${entry.sample} for "${drawn.prompt}"`;
+      const label = document.createElement("figcaption");
+      const score = entry.score === null ? "no region" : entry.score.toFixed(2);
+      label.textContent = `#${rank + 1} · sample ${entry.sample} · score ${score}`;
+      figure.append(img, label);
+      gallery.append(figure);
+    });
+    $("generate-status").textContent =
+      `${drawn.images.length} images in ${drawn.seconds.toFixed(1)} s, re-ranked by ${drawn.reranker}`;
+  } catch (err) {
+    $("generate-status").textContent = "";
+    $("generate-error").textContent = err.message;
+    $("generate-error").hidden = false;
+  } finally {
+    $("generate").disabled = false;
+  }
+}
+
 async function onLoad() {
   try {
     const health = await call("/api/health");
     const held = [health.model, health.caption].filter(Boolean).map((m) => `${m.task} model ${m.checkpoint}`);
-    $("loaded").textContent = `${held.join(" · ")} · detector ${health.detector.preset}`;
+    if (health.generate) held.push(`text-to-image ${health.generate.checkpoint}`);
+    if (health.detector) held.push(`detector ${health.detector.preset}`);
+    $("loaded").textContent = held.join(" · ");
     state.canAsk = Boolean(health.model);
     state.canDescribe = Boolean(health.caption);
     $("ask-form").hidden = !state.canAsk;
     $("describe-row").hidden = !state.canDescribe;
-    if (health.detector.weights === "random") {
+    $("generate-tab").hidden = !health.generate;
+    document.querySelector("main").hidden = !health.detector;
+    if (health.detector && health.detector.weights === "random") {
       $("warning").textContent =
         "The detector has random weights: its regions and the answers are meaningless (a test setup).";
       $("warning").hidden = false;
@@ -296,6 +338,7 @@ async function onLoad() {
 }
 
 $("image").addEventListener("change", onImage);
+$("generate-form").addEventListener("submit", onGenerate);
 $("ask-form").addEventListener("submit", onAsk);
 $("all-regions").addEventListener("change", draw);
 $("describe").addEventListener("click", onDescribe);

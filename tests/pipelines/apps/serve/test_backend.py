@@ -33,7 +33,11 @@ def test_a_captioner_alone_makes_a_server_that_describes(caption_checkpoint, bac
     [
         (("vqa", "vqa"), "--caption-checkpoint {vqa} is a vqa model, not a captioner"),
         (("caption", "caption"), "{caption} and {caption} are both captioners; give one"),
-        ((None, None), "give --checkpoint (a VQA/GQA model or a captioner) or --caption-checkpoint"),
+        (
+            (None, None),
+            "give --checkpoint (a VQA/GQA model or a captioner), --caption-checkpoint or "
+            "--generate-checkpoint",
+        ),
     ],
 )
 def test_checkpoints_that_cannot_serve_together_are_refused_before_the_detector_is_built(
