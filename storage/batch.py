@@ -38,6 +38,9 @@ class RegionBatch:
         return np.arange(self.boxes.shape[1])[None, :] < self.num_boxes[:, None]
 
 
+_PER_REGION = ("features", "boxes", "objects_id", "objects_conf", "attrs_id", "attrs_conf")
+
+
 def fill_batch(
     records: Sequence[RegionFeatures],
     width: int | None,
@@ -72,19 +75,23 @@ def fill_batch(
         attrs_conf=np.zeros((b, n), np.float32),
         class_probs=alloc((b, n, classes[0]), CLASS_PROBS_DTYPE) if with_probs else None,
     )
-    for k, rec in enumerate(records):
-        m = int(counts[k])
+    for rec in records:
         if rec.features.shape[1] != feature_dim:
             raise ValueError(
                 f"record {rec.img_id!r} holds {rec.features.shape[1]}-d features, the batch {feature_dim}-d"
             )
-        out.features[k, :m] = rec.features
+    if b and bool((counts == n).all()):
+        # every record fills every slot (the usual fixed-count store): one C loop per array
+        for name in _PER_REGION:
+            np.stack([getattr(rec, name) for rec in records], out=getattr(out, name))
+        if out.class_probs is not None:
+            np.stack([rec.class_probs for rec in records], out=out.class_probs)
+        return out
+    for k, rec in enumerate(records):
+        m = int(counts[k])
+        for name in _PER_REGION:
+            getattr(out, name)[k, :m] = getattr(rec, name)
         out.features[k, m:] = 0
-        out.boxes[k, :m] = rec.boxes
-        out.objects_id[k, :m] = rec.objects_id
-        out.objects_conf[k, :m] = rec.objects_conf
-        out.attrs_id[k, :m] = rec.attrs_id
-        out.attrs_conf[k, :m] = rec.attrs_conf
         if out.class_probs is not None:
             out.class_probs[k, :m] = rec.class_probs
             out.class_probs[k, m:] = 0
