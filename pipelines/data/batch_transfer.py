@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.data.shared_memory import reduce_pooled, worker_pool
+from pipelines.data.shared_memory import POOLED, Buffer, reduce_pooled, worker_pool
 
 # a tensor at least this big travels in a shared buffer; smaller ones are copied into the message
 INLINE_BYTES = 1 << 20
@@ -30,11 +30,20 @@ class WorkerBatch(dict):
         layout: list[tuple[str, torch.dtype, tuple[int, ...], int, int]] = []
         small: list[torch.Tensor] = []
         size = 0
+        pool = worker_pool()
+        taken: set[int] = set()  # buffers shipped already: each is released by the one tensor on it
         for key, value in self.items():
             if not _plain_tensor(value):
                 other[key] = value
+            elif not POOLED and value.nbytes >= INLINE_BYTES:
+                shared[key] = value  # torch's own way: a fresh shared block
             elif value.nbytes >= INLINE_BYTES:
-                shared[key] = _Shipped(value)
+                buf = pool.owner(value) if value.is_contiguous() else None
+                if buf is not None and id(buf) in taken:
+                    buf = None
+                if buf is not None:
+                    taken.add(id(buf))
+                shared[key] = _Shipped(value, buf)
             else:
                 layout.append((key, value.dtype, tuple(value.shape), size, value.nbytes))
                 small.append(value)
@@ -54,18 +63,18 @@ def for_transfer(batch):
 
 
 class _Shipped:
-    """A big tensor on its way: pickled as its place in a shared buffer (copied into one first if it was
-    built elsewhere)."""
+    """A big tensor on its way: pickled as its place in a shared buffer `buf`, or, with None, copied
+    into a fresh one of the pool first (made elsewhere, or sharing a buffer already shipped)."""
 
-    __slots__ = ("tensor",)
+    __slots__ = ("tensor", "buf")
 
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
+    def __init__(self, tensor: torch.Tensor, buf: Buffer | None):
+        self.tensor, self.buf = tensor, buf
 
     def __reduce__(self):
-        pool, tensor = worker_pool(), self.tensor
-        buf = pool.owner(tensor) if tensor.is_contiguous() else None
+        tensor, buf = self.tensor, self.buf
         if buf is None:
+            pool = worker_pool()
             copy = torch.from_numpy(pool.take(tuple(tensor.shape), _numpy_dtype(tensor.dtype)))
             copy.copy_(tensor)
             tensor, buf = copy, pool.owner(copy)

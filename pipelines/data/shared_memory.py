@@ -25,7 +25,7 @@ HEADER = 64  # bytes before a buffer's array: word 0 is 1 while a process other 
 KEEP_FREE = 4  # free buffers a worker keeps for the next batches; more are closed
 
 
-class _Buffer:
+class Buffer:
     """One memfd mapping: `HEADER` bytes, then room for `capacity` bytes of array."""
 
     def __init__(self, capacity: int):
@@ -57,7 +57,7 @@ class BufferPool:
     """A worker's shared buffers: `take` gives an array in a free one, `owner` finds a tensor's buffer."""
 
     def __init__(self) -> None:
-        self.buffers: list[_Buffer] = []
+        self.buffers: list[Buffer] = []
         # the worker's loop and its queue's feeder thread (copying a tensor in while pickling) both take
         self._lock = threading.Lock()
 
@@ -76,7 +76,7 @@ class BufferPool:
                 else:
                     extra.flag = np.frombuffer(extra.map, np.uint64, 1)
             if buf is None:
-                buf = _Buffer(nbytes)
+                buf = Buffer(nbytes)
                 self.buffers.append(buf)
             buf.flag[0], buf.sent = 1, False
             buf.lease += 1
@@ -86,7 +86,7 @@ class BufferPool:
         weakref.finalize(flat, _dropped, buf, buf.lease)
         return flat.reshape(shape)
 
-    def owner(self, tensor: torch.Tensor) -> _Buffer | None:
+    def owner(self, tensor: torch.Tensor) -> Buffer | None:
         """The buffer `tensor`'s memory lies in, None if none does."""
         at = tensor.data_ptr()
         for buf in self.buffers:
@@ -95,7 +95,7 @@ class BufferPool:
         return None
 
 
-def _dropped(buf: _Buffer, lease: int) -> None:
+def _dropped(buf: Buffer, lease: int) -> None:
     # a later lease's batch may be in flight by now: only the lease still current is freed here
     if buf.lease == lease and not buf.sent and not buf.map.closed:
         buf.flag[0] = 0
@@ -112,13 +112,17 @@ def worker_pool() -> BufferPool:
     return _pool[1]
 
 
+# memfd files are Linux's; elsewhere batches cross the way torch sends tensors
+POOLED = hasattr(os, "memfd_create")
+
+
 def batch_allocator() -> Allocator:
     """Uninitialised batch arrays: in a DataLoader worker from its shared `worker_pool`, elsewhere
     `np.empty`."""
-    return worker_pool().take if get_worker_info() is not None else np.empty
+    return worker_pool().take if POOLED and get_worker_info() is not None else np.empty
 
 
-def reduce_pooled(tensor: torch.Tensor, buf: _Buffer):
+def reduce_pooled(tensor: torch.Tensor, buf: Buffer):
     """Pickling of a contiguous `tensor` lying in `buf`: the buffer's file descriptor (one round trip
     to the worker) and where the tensor lies in it; the training process maps the buffer."""
     buf.sent = True

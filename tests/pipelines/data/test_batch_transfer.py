@@ -44,13 +44,15 @@ class Batches(Dataset):
         feats = batch_allocator()(BIG, np.dtype(np.float16))
         feats[...] = out["feats"].numpy()
         out["feats"] = torch.from_numpy(feats)
+        out["feats_again"] = out["feats"]  # one buffer under two names
         out["buffers"] = len(worker_pool().buffers)
         return for_transfer(out)
 
 
 def _check(got: dict, i: int) -> None:
     want = expected(i)
-    assert type(got) is dict and list(got) == [*want, "buffers"]
+    assert type(got) is dict and list(got) == [*want, "feats_again", "buffers"]
+    assert torch.equal(got["feats_again"], want["feats"])
     for key, value in want.items():
         if isinstance(value, torch.Tensor):
             assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
@@ -64,7 +66,7 @@ def test_held_batches_arrive_whole_and_stay_intact():
     held = list(loader)  # every batch kept: no buffer may be handed out twice
     for i, got in enumerate(held):
         _check(got, i)
-    assert held[-1]["buffers"] >= 2 * (len(held) - 1)  # two shared tensors per batch, none reused
+    assert held[-1]["buffers"] >= 3 * (len(held) - 1)  # three shared tensors per batch, none reused
 
 
 def test_buffers_are_reused_once_released():
@@ -83,3 +85,13 @@ def test_in_the_training_process_a_batch_stays_a_dict():
     assert isinstance(batch, WorkerBatch)
     _check(dict(batch), 3)
     assert for_transfer([1, 2]) == [1, 2]  # not a dict: left alone
+
+
+def test_a_buffer_under_two_names_outlives_either():
+    loader = DataLoader(Batches(), batch_size=None, num_workers=1, prefetch_factor=2)
+    kept = []
+    for got in loader:
+        kept.append(got["feats_again"])  # the batch and its "feats" are freed at once
+        del got
+    for i, feats in enumerate(kept):
+        assert torch.equal(feats, expected(i)["feats"]), i
