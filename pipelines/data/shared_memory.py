@@ -97,8 +97,9 @@ class BufferPool:
 
 def _dropped(buf: Buffer, lease: int) -> None:
     # a later lease's batch may be in flight by now: only the lease still current is freed here
-    if buf.lease == lease and not buf.sent and not buf.map.closed:
-        buf.flag[0] = 0
+    flag = getattr(buf, "flag", None)  # None while `take` closes it
+    if buf.lease == lease and not buf.sent and flag is not None and not buf.map.closed:
+        flag[0] = 0
 
 
 _pool: tuple[int, BufferPool] | None = None
