@@ -9,8 +9,9 @@ import numpy as np
 
 from storage.records import CLASS_PROBS_DTYPE, RegionFeatures
 
-# (shape, dtype) -> a zero-filled array; lets a caller place the batch in memory it chooses (shared
-# memory a DataLoader worker hands over without another copy, for one)
+# (shape, dtype) -> an array whose contents do not matter (every slot is written); lets a caller place the
+# bulky arrays (features, class probabilities) in memory it chooses (buffers a DataLoader worker shares
+# with the training process and reuses, for one)
 Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
@@ -37,14 +38,18 @@ class RegionBatch:
         return np.arange(self.boxes.shape[1])[None, :] < self.num_boxes[:, None]
 
 
+_PER_REGION = ("features", "boxes", "objects_id", "objects_conf", "attrs_id", "attrs_conf")
+
+
 def fill_batch(
     records: Sequence[RegionFeatures],
     width: int | None,
     feature_dim: int,
     dtype: np.dtype,
-    alloc: Allocator = np.zeros,
+    alloc: Allocator = np.empty,
 ) -> RegionBatch:
-    """Copy `records` (views into a read transaction's map) into freshly allocated padded arrays.
+    """Copy `records` (views into a read transaction's map) into padded arrays: features and class
+    probabilities in arrays made by `alloc` (padding slots zeroed here), the small ones in new arrays.
 
     `width` = slots per image (None: the most boxes of these records); a record with more raises."""
     b = len(records)
@@ -62,28 +67,34 @@ def fill_batch(
         img_h=np.array([r.img_h for r in records], dtype=np.int64),
         img_w=np.array([r.img_w for r in records], dtype=np.int64),
         num_boxes=counts,
-        boxes=alloc((b, n, 4), np.dtype(np.float32)),
+        boxes=np.zeros((b, n, 4), np.float32),
         features=alloc((b, n, feature_dim), np.dtype(dtype)),
-        objects_id=alloc((b, n), np.dtype(np.int64)),
-        objects_conf=alloc((b, n), np.dtype(np.float32)),
-        attrs_id=alloc((b, n), np.dtype(np.int64)),
-        attrs_conf=alloc((b, n), np.dtype(np.float32)),
+        objects_id=np.zeros((b, n), np.int64),
+        objects_conf=np.zeros((b, n), np.float32),
+        attrs_id=np.zeros((b, n), np.int64),
+        attrs_conf=np.zeros((b, n), np.float32),
         class_probs=alloc((b, n, classes[0]), CLASS_PROBS_DTYPE) if with_probs else None,
     )
-    for k, rec in enumerate(records):
-        m = int(counts[k])
+    for rec in records:
         if rec.features.shape[1] != feature_dim:
             raise ValueError(
                 f"record {rec.img_id!r} holds {rec.features.shape[1]}-d features, the batch {feature_dim}-d"
             )
-        out.features[k, :m] = rec.features
-        out.boxes[k, :m] = rec.boxes
-        out.objects_id[k, :m] = rec.objects_id
-        out.objects_conf[k, :m] = rec.objects_conf
-        out.attrs_id[k, :m] = rec.attrs_id
-        out.attrs_conf[k, :m] = rec.attrs_conf
+    if b and bool((counts == n).all()):
+        # every record fills every slot (the usual fixed-count store): one C loop per array
+        for name in _PER_REGION:
+            np.stack([getattr(rec, name) for rec in records], out=getattr(out, name))
+        if out.class_probs is not None:
+            np.stack([rec.class_probs for rec in records], out=out.class_probs)
+        return out
+    for k, rec in enumerate(records):
+        m = int(counts[k])
+        for name in _PER_REGION:
+            getattr(out, name)[k, :m] = getattr(rec, name)
+        out.features[k, m:] = 0
         if out.class_probs is not None:
             out.class_probs[k, :m] = rec.class_probs
+            out.class_probs[k, m:] = 0
     return out
 
 

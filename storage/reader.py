@@ -405,7 +405,7 @@ class FeatureReader:
                 txn.abort()
 
     def read_batch(
-        self, img_ids: Sequence[str], width: int | None = None, alloc: Allocator = np.zeros
+        self, img_ids: Sequence[str], width: int | None = None, alloc: Allocator = np.empty
     ) -> RegionBatch:
         """The records of `img_ids` (repeats allowed) copied into one padded `RegionBatch`, all read in
         one transaction per shard: one copy out of the map, straight into the batch's arrays (made by

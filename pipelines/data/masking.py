@@ -17,7 +17,6 @@ import torch
 
 from pipelines.data.pretrain import PretrainBatch, PretrainExample
 from pipelines.data.regions import IMAGE_SIZE, image_sizes, normalized_batch_boxes
-from pipelines.data.shared_memory import as_tensor
 from pipelines.data.text import EncodedTexts
 
 MISMATCH_TRIES = 10  # draws for a sentence of another image before the pair stays matched (the release's)
@@ -284,7 +283,7 @@ class PretrainCollator:
                 valid, group, rng, cfg.object_prob, **{k: v for k, v in fates.items() if v is not None}
             )
             # masked where the batch lands (apply_object_masking): the features cross once, unmasked
-            out["visual_feats"] = as_tensor(feats)
+            out["visual_feats"] = torch.from_numpy(feats)
             out["object_zeroed"] = torch.from_numpy(zeroed)
             out["object_source"] = torch.from_numpy(source)
             chosen = picked if cfg.object_loss_on == "masked" else valid
@@ -299,7 +298,7 @@ class PretrainCollator:
             if cfg.regions:
                 out.update(_region_targets(regions.class_probs, picked, obj, obj_conf, self.max_boxes))
         else:
-            out["visual_feats"] = as_tensor(feats)
+            out["visual_feats"] = torch.from_numpy(feats)
         out["visual_pos"] = torch.from_numpy(boxes)
         out["visual_attention_mask"] = torch.from_numpy(valid.astype(np.int64))
         out[IMAGE_SIZE] = torch.from_numpy(image_sizes(regions.img_w, regions.img_h))
@@ -391,7 +390,9 @@ def _region_targets(
     if probs is not None:
         grow = width - probs.shape[1]
         out["region_probs"] = (
-            as_tensor(probs) if not grow else torch.from_numpy(np.pad(probs, ((0, 0), (0, grow), (0, 0))))
+            torch.from_numpy(probs)
+            if not grow
+            else torch.from_numpy(np.pad(probs, ((0, 0), (0, grow), (0, 0))))
         )
     else:
         out["region_labels"] = torch.from_numpy(obj)

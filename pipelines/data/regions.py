@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipelines.data.shared_memory import as_tensor, batch_allocator
+from pipelines.data.shared_memory import batch_allocator
 from storage import FeatureReader, RegionFeatures
 from storage.batch import RegionBatch
 
@@ -56,7 +56,7 @@ class PaddedRegions:
         """`visual_feats`, `visual_pos`, `visual_attention_mask` (1 = real region) and, where the sizes
         are known, `image_size`, as tensors (`inputs_for` drops it for models that do not read it)."""
         out = {
-            "visual_feats": as_tensor(self.feats),
+            "visual_feats": torch.from_numpy(self.feats),
             "visual_pos": torch.from_numpy(self.boxes),
             "visual_attention_mask": torch.from_numpy(self.valid.astype(np.int64)),
         }

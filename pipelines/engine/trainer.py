@@ -17,10 +17,11 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from extraction.precision import float32_precision
 from model.ranges import check_fields
+from pipelines.data.batch_transfer import for_transfer
 from pipelines.engine import config_io
 from pipelines.engine.checkpoints import (
     CHECKPOINTS,
@@ -193,7 +194,8 @@ class BatchDataset(Dataset):
         # per-example dicts) says so the way torch's DataLoader expects: `__getitems__`
         take = getattr(self.dataset, "__getitems__", None)
         items = take(ids) if take is not None else [self.dataset[i] for i in ids]
-        return self.collate(items, np.random.default_rng([*self.key, g]))
+        batch = self.collate(items, np.random.default_rng([*self.key, g]))
+        return for_transfer(batch) if get_worker_info() is not None else batch
 
 
 class TrainingRun:

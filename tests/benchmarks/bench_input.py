@@ -6,7 +6,9 @@ pre-training and 2 questions per image for VQA; batches of 256 delivered through
 process into the measuring (training) process, as the trainer builds them (`BatchDataset`). The old path
 is the package tree at `--old-ref` (`git archive`), run by the same measuring code in a subprocess; the
 new one is this checkout. `ratio` = new / old pre-training samples/s delivered (`vqa_ratio` for VQA);
-samples per CPU-second of batch building are printed beside them. Prints a table and one JSON line.
+samples per CPU-second of batch building are printed beside them, and the CPU milliseconds per batch
+spent in the worker (building, pickling, handing memory over) and in the training process (receiving):
+the larger of the two bounds one worker's rate on idle cores. Prints a table and one JSON line.
 
     .venv/bin/python tests/benchmarks/bench_input.py             # N = 5000, 20 batches per side
     .venv/bin/python tests/benchmarks/bench_input.py --quick     # N = 600, 6 batches per side
@@ -84,7 +86,9 @@ def measure(data: dict, task_name: str, batch: int, batches: int, workers: int) 
     """`delivered`: samples/s of the trainer's micro-batches of `task_name` through `workers` DataLoader
     workers into this process, after the first batch (worker start-up is paid once per epoch); `cpu`:
     samples per CPU-second of building the same batches in this process (what one loader process
-    delivers with a core to itself, whatever else loads the machine)."""
+    delivers with a core to itself, whatever else loads the machine); `worker_ms` and `main_ms`: CPU
+    milliseconds per delivered batch spent in the loader workers (building, pickling, handing memory
+    over) and in this process (receiving), whose larger bounds the rate on idle cores."""
     import torch
 
     from pipelines.engine.trainer import BatchDataset
@@ -105,7 +109,7 @@ def measure(data: dict, task_name: str, batch: int, batches: int, workers: int) 
     ds = task.train_dataset()
     order = np.random.default_rng(0).permutation(len(ds))
     loader_data = BatchDataset(ds, task.collate, order, batch, (0, 0, 0))
-    n = min(batches + 1, len(loader_data))
+    n = min(batches + 2, len(loader_data))  # the first and the last untimed: workers exit after the last
     loader = torch.utils.data.DataLoader(
         loader_data,
         batch_size=None,
@@ -115,13 +119,34 @@ def measure(data: dict, task_name: str, batch: int, batches: int, workers: int) 
     )
     it = iter(loader)
     next(it)
+    pids = [w.pid for w in getattr(it, "_workers", [])]
+    worker_cpu, main_cpu = _cpu_seconds(pids), time.process_time()
     start = time.perf_counter()
-    count = sum(1 for _ in it)
+    count = n - 2
+    for _ in range(count):
+        next(it)
     delivered = count * batch / (time.perf_counter() - start)
+    worker_cpu, main_cpu = _cpu_seconds(pids) - worker_cpu, time.process_time() - main_cpu
+    for _ in it:
+        pass
     start = time.process_time()
-    for g in range(1, n):
+    for g in range(1, n - 1):
         loader_data[g]
-    return {"delivered": delivered, "cpu": (n - 1) * batch / (time.process_time() - start)}
+    return {
+        "delivered": delivered,
+        "cpu": (n - 2) * batch / (time.process_time() - start),
+        "worker_ms": 1e3 * worker_cpu / count,
+        "main_ms": 1e3 * main_cpu / count,
+    }
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes `pids` have used (Linux /proc)."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def run_side(tree: Path, data: dict, args) -> dict:
@@ -182,11 +207,18 @@ def main() -> int:
         rates["old"] = run_side(old, data, args)
         print(f"old: {rates['old']}", file=sys.stderr, flush=True)
     load_after = os.getloadavg()[0]
-    print(f"{'task':<10}{'samples/s':<16}{'old':>10}{'new':>10}{'new / old':>11}")
+    print(f"{'task':<10}{'':<22}{'old':>10}{'new':>10}{'gain':>8}")  # gain > 1: the new path is better
+    rows = (
+        ("delivered", "samples/s, 1 worker"),
+        ("cpu", "samples per CPU-s"),
+        ("worker_ms", "worker CPU ms/batch"),
+        ("main_ms", "main CPU ms/batch"),
+    )
     for t in ("pretrain", "vqa"):
-        for kind, label in (("delivered", "1 worker"), ("cpu", "per CPU-s")):
+        for kind, label in rows:
             old, new = rates["old"][t][kind], rates["new"][t][kind]
-            print(f"{t:<10}{label:<16}{old:>10.0f}{new:>10.0f}{new / old:>11.2f}")
+            gain = old / new if kind.endswith("_ms") else new / old
+            print(f"{t:<10}{label:<22}{old:>10.1f}{new:>10.1f}{gain:>8.2f}")
     line = {
         "name": "input",
         "device": "cpu",
