@@ -9,6 +9,7 @@ object masking drawn here (`apply_object_masking`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -218,6 +219,7 @@ class PretrainCollator:
         max_boxes: int,
         cfg: MaskingConfig,
         texts: EncodedTexts | None = None,
+        held: Sequence[PretrainExample] = (),
     ):
         self.cfg = cfg
         self.max_boxes = max_boxes
@@ -233,10 +235,17 @@ class PretrainCollator:
         self.pool_images = np.array(
             [codes.setdefault(e.img_id, len(codes)) for e in examples], dtype=np.int64
         )
-        # each sentence's hash, and the (image, sentence) pairs the set holds: a sentence of another image
-        # that this image holds too ("how many shapes are there?", a repeated caption) is no mismatch
+        # each sentence's hash, and the (image, sentence) pairs the sets hold (`held`: e.g. the validation
+        # examples, never drawn): a sentence of another image that this image holds too ("how many shapes
+        # are there?", a repeated caption) is no mismatch
         self.pool_sentences = np.array([hash(e.sentence) for e in examples], dtype=np.int64)
-        self.held_pairs = np.unique(_pair_keys(self.pool_images, self.pool_sentences))
+        held_images = np.array([codes.setdefault(e.img_id, len(codes)) for e in held], dtype=np.int64)
+        held_sentences = np.array([hash(e.sentence) for e in held], dtype=np.int64)
+        self.held_pairs = np.unique(
+            np.concatenate(
+                [_pair_keys(self.pool_images, self.pool_sentences), _pair_keys(held_images, held_sentences)]
+            )
+        )
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
         self.mask_id = tokenizer.mask_token_id

@@ -386,6 +386,26 @@ def test_a_sentence_the_image_also_holds_is_never_its_mismatch(tokenizer):
     assert swapped > 60  # the other images' specific sentences are still drawn
 
 
+def test_a_validation_image_keeps_its_own_sentences_out_of_its_mismatches(tokenizer):
+    """Validation images are not in the draw pool; `held` tells the collator what they hold."""
+    generic = "how many shapes are there"
+    pool = [PretrainExample(f"train{i}", generic if i % 2 else f"{i} blue squares", "x") for i in range(20)]
+    held = [PretrainExample(f"img{i}", generic, "x") for i in range(3)]  # the validation images' sentences
+    cfg = MaskingConfig(mismatch_prob=1.0, mlm=False)
+    generic_ids = _tokenise(tokenizer, [generic])["input_ids"][0]
+    for collate, clean in ((PretrainCollator(tokenizer, pool, 5, cfg, held=held), True),
+                           (PretrainCollator(tokenizer, pool, 5, cfg), False)):  # fmt: skip
+        drawn_generic = 0
+        for seed in range(10):
+            rng = np.random.default_rng(seed)
+            batch = collate(_batch(_items(6, rng), tokenizer, evaluation=True), rng)
+            ids, matched = batch["input_ids"].numpy(), batch["matched_labels"].numpy()
+            if ids.shape[1] >= len(generic_ids):  # else no row holds the generic sentence
+                rows = ids[matched == 0][:, : len(generic_ids)]
+                drawn_generic += int((rows == generic_ids).all(axis=1).sum())
+        assert (drawn_generic == 0) == clean
+
+
 def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokenizer):
     rng = np.random.default_rng(6)
     pool = [PretrainExample(f"img{i}", f"sentence number {i}", "x") for i in range(40)]
