@@ -9,6 +9,7 @@ object masking drawn here (`apply_object_masking`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -20,6 +21,12 @@ from pipelines.data.regions import IMAGE_SIZE, image_sizes, normalized_batch_box
 from pipelines.data.text import EncodedTexts
 
 MISMATCH_TRIES = 10  # draws for a sentence of another image before the pair stays matched (the release's)
+
+
+def _pair_keys(images: np.ndarray, sentence_hashes: np.ndarray) -> np.ndarray:
+    """One int64 per (image code, sentence hash) pair (wrapping arithmetic; a clash is ~2^-64 likely)."""
+    with np.errstate(over="ignore"):
+        return sentence_hashes * np.int64(0x9E3779B97F4A7C15 - (1 << 64)) + images
 
 
 def mask_tokens(
@@ -211,6 +218,7 @@ class PretrainCollator:
         max_boxes: int,
         cfg: MaskingConfig,
         texts: EncodedTexts | None = None,
+        held: Sequence[PretrainExample] = (),
     ):
         self.cfg = cfg
         self.max_boxes = max_boxes
@@ -225,6 +233,17 @@ class PretrainCollator:
         self.image_codes = codes  # img_id -> small int, to compare images without strings
         self.pool_images = np.array(
             [codes.setdefault(e.img_id, len(codes)) for e in examples], dtype=np.int64
+        )
+        # each sentence's hash, and the (image, sentence) pairs the sets hold (`held`: e.g. the validation
+        # examples, never drawn): a sentence of another image that this image holds too ("how many shapes
+        # are there?", a repeated caption) is no mismatch
+        self.pool_sentences = np.array([hash(e.sentence) for e in examples], dtype=np.int64)
+        held_images = np.array([codes.setdefault(e.img_id, len(codes)) for e in held], dtype=np.int64)
+        held_sentences = np.array([hash(e.sentence) for e in held], dtype=np.int64)
+        self.held_pairs = np.unique(
+            np.concatenate(
+                [_pair_keys(self.pool_images, self.pool_sentences), _pair_keys(held_images, held_sentences)]
+            )
         )
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
@@ -315,7 +334,8 @@ class PretrainCollator:
         self, batch: PretrainBatch, own_images: np.ndarray, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B, L) token ids, each row its own sentence or, with `mismatch_prob`, a sentence of another
-        image drawn uniformly from the training set (up to MISMATCH_TRIES draws, as the release);
+        image drawn uniformly from the training set (up to MISMATCH_TRIES draws, as the release), one
+        that the row's image does not also hold in the set;
         the token count of each row, and its matched flag."""
         cfg = self.cfg
         b = len(batch.indices)
@@ -326,6 +346,7 @@ class PretrainCollator:
         swap = rng.random(b) < cfg.mismatch_prob
         draws = rng.integers(len(self.pool_images), size=(b, MISMATCH_TRIES))
         other = self.pool_images[draws] != own_images[:, None]
+        other &= ~np.isin(_pair_keys(own_images[:, None], self.pool_sentences[draws]), self.held_pairs)
         found = other.any(axis=1)
         pick = draws[np.arange(b), np.argmax(other, axis=1)]
         swap &= found

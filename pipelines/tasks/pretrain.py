@@ -198,7 +198,7 @@ class PretrainTask:
         self.train_texts = self._texts(train, length)
         self.valid_texts = self._texts(valid, length) if valid else None
         self.collator = PretrainCollator(
-            self.tokenizer, train, self.features.max_boxes, masking, texts=self.train_texts
+            self.tokenizer, train, self.features.max_boxes, masking, texts=self.train_texts, held=valid or ()
         )
         self.set_epoch(0)
         log.info(

@@ -230,7 +230,11 @@ def _reference_collate(items: list[dict], tokenizer, pool: list[PretrainExample]
     tries = rng.integers(len(pool), size=(b, MISMATCH_TRIES))
     sentences, matched = [], []
     for k, it in enumerate(items):
-        other = next((pool[j] for j in tries[k] if pool[j].img_id != it["img_id"]), None)
+        held = {e.sentence for e in pool if e.img_id == it["img_id"]}  # no mismatch: its image has it
+        other = next(
+            (pool[j] for j in tries[k] if pool[j].img_id != it["img_id"] and pool[j].sentence not in held),
+            None,
+        )
         swap = swap_u[k] < cfg.mismatch_prob and other is not None
         sentences.append(other.sentence if swap else it["sentence"])
         matched.append(0 if swap else 1)
@@ -357,6 +361,49 @@ def test_collator_masked_only_weights_and_switches(tokenizer):
     assert ((weights > 0).sum()) < (batch["visual_attention_mask"].numpy().sum())
     assert picked.shape == (8, 5, 4)
     assert (batch["answer_labels"].numpy()[[0, 3, 6]] == 1).all()  # no mismatching: every pair is matched
+
+
+def test_a_sentence_the_image_also_holds_is_never_its_mismatch(tokenizer):
+    """The demo's "how many shapes are there?" is asked of every scene: drawn from another scene it is
+    still true of this one, so it must not be labelled a mismatch (matching then sat at chance)."""
+    generic = "how many shapes are there"
+    pool = [PretrainExample(f"img{i}", generic, "x") for i in range(6)]  # every image holds it
+    pool += [PretrainExample(f"img{i}", f"a red circle next to {i} blue squares", "x") for i in range(6)]
+    cfg = MaskingConfig(mismatch_prob=1.0, mlm=False)  # the ids as drawn, no word masked
+    collate = PretrainCollator(tokenizer, pool, max_boxes=5, cfg=cfg)
+    generic_ids = _tokenise(tokenizer, [generic])["input_ids"][0]
+    swapped = 0
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        items = _items(6, rng)  # images img0..img2, each in the pool with the generic sentence
+        batch = collate(_batch(items, tokenizer), rng)
+        matched = batch["matched_labels"].numpy()
+        ids = batch["input_ids"].numpy()
+        for k in np.nonzero(matched == 0)[0]:
+            swapped += 1
+            row = ids[k][: len(generic_ids)]
+            assert not np.array_equal(row, generic_ids), "a sentence its image holds, labelled mismatched"
+    assert swapped > 60  # the other images' specific sentences are still drawn
+
+
+def test_a_validation_image_keeps_its_own_sentences_out_of_its_mismatches(tokenizer):
+    """Validation images are not in the draw pool; `held` tells the collator what they hold."""
+    generic = "how many shapes are there"
+    pool = [PretrainExample(f"train{i}", generic if i % 2 else f"{i} blue squares", "x") for i in range(20)]
+    held = [PretrainExample(f"img{i}", generic, "x") for i in range(3)]  # the validation images' sentences
+    cfg = MaskingConfig(mismatch_prob=1.0, mlm=False)
+    generic_ids = _tokenise(tokenizer, [generic])["input_ids"][0]
+    for collate, clean in ((PretrainCollator(tokenizer, pool, 5, cfg, held=held), True),
+                           (PretrainCollator(tokenizer, pool, 5, cfg), False)):  # fmt: skip
+        drawn_generic = 0
+        for seed in range(10):
+            rng = np.random.default_rng(seed)
+            batch = collate(_batch(_items(6, rng), tokenizer, evaluation=True), rng)
+            ids, matched = batch["input_ids"].numpy(), batch["matched_labels"].numpy()
+            if ids.shape[1] >= len(generic_ids):  # else no row holds the generic sentence
+                rows = ids[matched == 0][:, : len(generic_ids)]
+                drawn_generic += int((rows == generic_ids).all(axis=1).sum())
+        assert (drawn_generic == 0) == clean
 
 
 def test_validation_items_carry_every_question_clean_with_its_soft_scores(tokenizer):
