@@ -33,6 +33,7 @@ from pipelines.engine.checkpoints import (
     step_dir,
 )
 from pipelines.engine.devices import pick_device
+from pipelines.engine.model_memory import check_model_fits
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
 from pipelines.engine.run_history import check_resume, record_start
 from pipelines.engine.run_log import RunLog
@@ -245,6 +246,9 @@ class TrainingRun:
             )
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * self.steps_per_epoch
         torch.manual_seed(cfg.seed)
+        if not getattr(getattr(self.task, "config", None), "init", None):  # a checkpoint's size is its own
+            check_model_fits(self.task.build_model, cfg.optimizer, cfg.momentum, self.device)
+            torch.manual_seed(cfg.seed)  # building on the meta device may have drawn numbers
         self.model = self.task.build_model().to(self.device)
         self.optimizer = build_optimizer(
             cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay, momentum=cfg.momentum

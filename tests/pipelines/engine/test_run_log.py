@@ -38,7 +38,7 @@ def test_on_request_a_bar_shows_step_loss_speed_and_eta(tmp_path, capsys, caplog
 
 
 def test_a_bad_progress_mode_or_tracker_stops_before_training(tmp_path):
-    with pytest.raises(ValueError, match="train.progress must be one of"):
+    with pytest.raises(ValueError, match=r"train.progress=.fancy. must be one of"):
         fit(ToyTask(), _cfg(progress="fancy", trackers=[]), tmp_path / "a")
     with pytest.raises(ValueError, match=r"unknown tracker\(s\) \['neptune'\]"):
         fit(ToyTask(), _cfg(trackers=["neptune"]), tmp_path / "b")
