@@ -129,7 +129,8 @@ def test_evaluate_command_prints_the_issue_keys(checkpoint, detector_dir, tmp_pa
     assert main([*args, "--prompts", str(prompts), "--n", "2", "--json", "--rerank", "contrastive"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {"prompt_accuracy", "random_token_accuracy"} <= result.keys() and result["rerank"] == "contrastive"
-    assert result["fid"] is None and "Inception" in result["fid_skipped"]
+    # what to provide: the weights (and, without the `fid` extra, torch-fidelity itself)
+    assert result["fid"] is None and "--fid-weights PATH" in result["fid_skipped"]
 
 
 @pytest.mark.parametrize(
