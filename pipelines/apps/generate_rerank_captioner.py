@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -79,24 +80,44 @@ def load_region_model(
 
 
 @dataclass
-class CaptionerReranker:
-    """A captioning checkpoint and the detector that makes the regions it reads."""
+class RegionReranker:
+    """A fine-tuned model that scores (prompt, candidate) on the candidates' detector regions, and the
+    detector that makes them; each kind sets which runs it loads and how it scores."""
 
     tuned: Finetuned
     detector: Detector
     source: str = ""
 
+    task_class: ClassVar[type]  # the fine-tuning task whose checkpoints it loads
+    flag: ClassVar[str]  # the option naming the run, in its errors
+    what: ClassVar[str]  # the run's kind, in its errors
+    label: ClassVar[str]  # the re-ranker's name in the report
+
     @classmethod
-    def load(cls, checkpoint: str | Path, detector: str | Path | None = None) -> CaptionerReranker:
-        """`checkpoint`: a `xmodal finetune --task caption` directory (best/ or last/); `detector`: the
-        detector directory its features came from (default: the one its features record)."""
-        tuned, built = load_region_model(checkpoint, detector, CaptionTask, "--captioner", "captioning")
-        return cls(tuned, built, f"captioner {tuned.settings.get('arch', '?')} {Path(checkpoint).resolve()}")
+    def load(cls, checkpoint: str | Path, detector: str | Path | None = None) -> RegionReranker:
+        """`checkpoint`: a fine-tuned run's directory (best/ or last/); `detector`: the detector directory
+        its features came from (default: the one its features record)."""
+        tuned, built = load_region_model(checkpoint, detector, cls.task_class, cls.flag, cls.what)
+        return cls(
+            tuned, built, f"{cls.label} {tuned.settings.get('arch', '?')} {Path(checkpoint).resolve()}"
+        )
 
     def regions(self, images: Sequence[Image.Image]) -> list[RegionFeatures]:
         arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]) for im in images]
         return self.detector.detect(arrays, ids=[f"candidate_{i}" for i in range(len(arrays))])
 
+    def score(self, prompt: str, regions: Sequence[RegionFeatures]) -> torch.Tensor:
+        raise NotImplementedError
+
     def __call__(self, prompt: str, images: Sequence[Image.Image]) -> torch.Tensor:
-        """(n,) the captioner's log-likelihood of `prompt` on each image: higher = better match."""
-        return caption_log_likelihood(self.tuned, prompt, self.regions(images))
+        """(n,) the score of `prompt` with each image: higher = better match."""
+        return self.score(prompt, self.regions(images))
+
+
+class CaptionerReranker(RegionReranker):
+    """A captioning checkpoint: the log-likelihood it gives the prompt on each candidate."""
+
+    task_class, flag, what, label = CaptionTask, "--captioner", "captioning", "captioner"
+
+    def score(self, prompt: str, regions: Sequence[RegionFeatures]) -> torch.Tensor:
+        return caption_log_likelihood(self.tuned, prompt, regions)

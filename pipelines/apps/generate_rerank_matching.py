@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
-from extraction.detector import Detector
-from pipelines.apps.generate_rerank_captioner import load_region_model
+from pipelines.apps.generate_rerank_captioner import RegionReranker
 from pipelines.data.regions import image_sizes, inputs_for, pad_regions, region_arrays
 from pipelines.data.text import encode_text, pad_text
 from pipelines.tasks.finetuned import Finetuned
@@ -48,23 +43,11 @@ def matching_scores(tuned: Finetuned, prompt: str, regions: Sequence[RegionFeatu
     return scores
 
 
-@dataclass
-class MatchingReranker:
-    """A retrieval checkpoint (LXMERT / ViLBERT matching head) and the detector that makes its regions."""
+class MatchingReranker(RegionReranker):
+    """A retrieval checkpoint (LXMERT / ViLBERT matching head): its score of the prompt with each
+    candidate."""
 
-    tuned: Finetuned
-    detector: Detector
-    source: str = ""
+    task_class, flag, what, label = RetrievalTask, "--matcher", "retrieval", "matching"
 
-    @classmethod
-    def load(cls, checkpoint: str | Path, detector: str | Path | None = None) -> MatchingReranker:
-        tuned, built = load_region_model(checkpoint, detector, RetrievalTask, "--matcher", "retrieval")
-        return cls(tuned, built, f"matching {tuned.settings.get('arch', '?')} {Path(checkpoint).resolve()}")
-
-    def regions(self, images: Sequence[Image.Image]) -> list[RegionFeatures]:
-        arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]) for im in images]
-        return self.detector.detect(arrays, ids=[f"candidate_{i}" for i in range(len(arrays))])
-
-    def __call__(self, prompt: str, images: Sequence[Image.Image]) -> torch.Tensor:
-        """(n,) the matching head's score of `prompt` with each image: higher = better match."""
-        return matching_scores(self.tuned, prompt, self.regions(images))
+    def score(self, prompt: str, regions: Sequence[RegionFeatures]) -> torch.Tensor:
+        return matching_scores(self.tuned, prompt, regions)
