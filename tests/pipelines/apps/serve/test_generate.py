@@ -14,7 +14,6 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from extraction.preprocess import resize_image
-from model.dalle import DalleConfig, DalleTransformer, DiscreteVAE, DVAEConfig
 from pipelines.apps.generate import SampleSettings, sample_tokens
 from pipelines.apps.generate_rerank import image_log_likelihood
 from pipelines.apps.generate_rerank_captioner import caption_log_likelihood
@@ -22,28 +21,9 @@ from pipelines.apps.serve.app import create_app
 from pipelines.apps.serve.backend import Backend, load_backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.apps.serve.generation import HeldGenerator
-from pipelines.data.captions import Vocabulary
-from pipelines.tasks.text_to_image import DVAE_DIR, VOCAB_FILE, TextToImageModel
+from pipelines.tasks.text_to_image import TextToImageModel
 
 PROMPT = "a red square and a blue circle"
-
-
-@pytest.fixture(scope="module")
-def dalle_run(tmp_path_factory):
-    torch.manual_seed(0)
-    vocab = Vocabulary(["a", "red", "blue", "square", "circle", "and"])
-    dvae = DiscreteVAE(
-        DVAEConfig(image_size=16, downsample=4, hidden_size=8, codebook_size=7, blocks_per_group=1)
-    )
-    cfg = DalleConfig(
-        text_vocab_size=len(vocab), text_length=10, image_vocab_size=7, image_grid=4,
-        num_layers=1, num_heads=2, hidden_size=16, conv_kernel=3,
-    )  # fmt: skip
-    directory = tmp_path_factory.mktemp("dalle") / "best"
-    DalleTransformer(cfg).save_pretrained(directory)
-    vocab.save(directory / VOCAB_FILE)
-    dvae.save_pretrained(directory / DVAE_DIR)
-    return directory.parent
 
 
 @pytest.fixture(scope="module")
