@@ -15,7 +15,7 @@ from PIL import Image
 from extraction.detector import Detector
 from model.ranges import check_fields
 from pipelines.apps.generate import SampleSettings, decode, random_token_images, sample_tokens
-from pipelines.apps.generate_rerank import RERANKERS, Judge, rerank_scores
+from pipelines.apps.generate_rerank import RERANKERS, Judge, detect_images, rerank_scores
 from pipelines.scoring.fid import FidError, InceptionFeatures, fid, skip_reason
 from pipelines.scoring.prompt_accuracy import Detection, prompt_targets, satisfies
 from pipelines.tasks.text_to_image import TextToImageModel
@@ -118,9 +118,7 @@ def detections(record: RegionFeatures, classes: Sequence[str], attributes: Seque
 
 
 def detect(detector: Detector, images: list[Image.Image]) -> list[list[Detection]]:
-    arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]) for im in images]
-    records = detector.detect(arrays, ids=[str(i) for i in range(len(arrays))])
-    return [detections(r, detector.classes, detector.attributes) for r in records]
+    return [detections(r, detector.classes, detector.attributes) for r in detect_images(detector, images)]
 
 
 def evaluate(

@@ -8,16 +8,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from extraction.detector import Detector
 from pipelines.apps.generate import decode, prompt_text
 from pipelines.tasks.text_to_image import TextToImageModel
+from storage.records import RegionFeatures
 
 RERANKERS = ("likelihood", "contrastive", "captioner", "matching", "none")
 
 Judge = Callable[[str, Sequence[Image.Image]], torch.Tensor]  # (prompt, images) -> (n,) higher = better
+
+
+def detect_images(
+    detector: Detector, images: Sequence[Image.Image], prefix: str = ""
+) -> list[RegionFeatures]:
+    """Decoded candidates through the detector, which reads BGR arrays (as OpenCV loads images); record
+    ids are `prefix` + the image's index."""
+    arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]) for im in images]
+    return detector.detect(arrays, ids=[f"{prefix}{i}" for i in range(len(arrays))])
 
 
 @torch.no_grad()

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 from extraction.detector import Detector
 from pipelines.apps.ask import build_detector
+from pipelines.apps.generate_rerank import detect_images
 from pipelines.data.captions import tokenize_caption
 from pipelines.data.regions import pad_regions, region_arrays
 from pipelines.tasks.caption import CaptionTask
@@ -103,8 +103,7 @@ class RegionReranker:
         )
 
     def regions(self, images: Sequence[Image.Image]) -> list[RegionFeatures]:
-        arrays = [np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]) for im in images]
-        return self.detector.detect(arrays, ids=[f"candidate_{i}" for i in range(len(arrays))])
+        return detect_images(self.detector, images, prefix="candidate_")
 
     def score(self, prompt: str, regions: Sequence[RegionFeatures]) -> torch.Tensor:
         raise NotImplementedError
