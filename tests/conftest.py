@@ -11,6 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray runs its workers at nice 15 by default, so on a machine busy with other work (CI's neighbours) an
+# actor's start-up can starve for many minutes: the tests' own clusters run theirs at normal priority.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.fixture(scope="session")
