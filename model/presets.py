@@ -90,6 +90,8 @@ RANGES: dict[str, str] = {
     "kl_weight": "[0, 1000]",
     "kl_anneal_steps": "[0, 1000000000]",
     "logit_laplace_eps": "(0, 0.5)",
+    "gumbel_noise": "[0, 1]",
+    "logit_scale": "(0, 1000]",
 }
 
 

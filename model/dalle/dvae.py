@@ -4,6 +4,9 @@ Encoder and decoder follow openai/DALL-E: groups of bottleneck ResNet blocks who
 scaled by 1 / (number of blocks)^2, max-pooling (encoder) or nearest upsampling (decoder) between groups.
 Training relaxes the token grid with Gumbel-softmax; the reconstruction term is the logit-Laplace
 likelihood (or squared error, an option) and the KL term is against the uniform prior over the codebook.
+The paper preset is that recipe; the small preset relaxes without the Gumbel noise (a softmax annealed to
+one-hot), scales the logits and uses squared error without the KL term (see DVAEConfig: at its budget the
+paper's recipe drops the objects' colours).
 """
 
 from __future__ import annotations
@@ -76,8 +79,11 @@ class Encoder(nn.Module):
         self.groups = nn.Sequential(*groups)
         self.output = nn.Sequential(nn.ReLU(), nn.Conv2d(n_in, cfg.codebook_size, 1))
 
+        self.logit_scale = cfg.logit_scale
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.output(self.groups(self.input(x)))
+        logits = self.output(self.groups(self.input(x)))
+        return logits * self.logit_scale if self.logit_scale != 1.0 else logits
 
 
 class Decoder(nn.Module):
@@ -109,13 +115,20 @@ class Decoder(nn.Module):
 
 
 def gumbel_softmax(
-    logits: torch.Tensor, temperature: float, dim: int = 1, noise: torch.Tensor | None = None
+    logits: torch.Tensor,
+    temperature: float,
+    dim: int = 1,
+    noise: torch.Tensor | None = None,
+    noise_scale: float = 1.0,
 ) -> torch.Tensor:
-    """softmax((logits + g) / tau) with g ~ Gumbel(0, 1) i.i.d. (pass `noise` to fix g)."""
+    """softmax((logits + s g) / tau) with g ~ Gumbel(0, 1) i.i.d. (pass `noise` to fix g); s = 0 is the
+    plain softmax at temperature tau."""
+    if noise_scale == 0.0:
+        return F.softmax(logits / temperature, dim=dim)
     if noise is None:
         uniform = torch.rand_like(logits).clamp_(1e-9, 1 - 1e-9)
         noise = -torch.log(-torch.log(uniform))
-    return F.softmax((logits + noise) / temperature, dim=dim)
+    return F.softmax((logits + noise_scale * noise) / temperature, dim=dim)
 
 
 def logit_laplace_nll(x: torch.Tensor, stats: torch.Tensor, eps: float) -> torch.Tensor:
@@ -155,7 +168,7 @@ class DiscreteVAE(nn.Module, PretrainedMixin):
         cfg = self.config
         # The encoder sees pixels in the same (eps, 1 - eps) range the likelihood is defined on.
         logits = self.encoder(map_pixels(images, cfg.logit_laplace_eps))
-        z = gumbel_softmax(logits, temperature, dim=1)
+        z = gumbel_softmax(logits, temperature, dim=1, noise_scale=cfg.gumbel_noise)
         stats = self.decoder(z)
         reconstruction = self.pixels(stats)
         if cfg.reconstruction_loss == "mse":

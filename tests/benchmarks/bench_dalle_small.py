@@ -115,8 +115,8 @@ def main() -> None:
     p.add_argument("--workdir", default="/tmp/dalle_small")
     p.add_argument("--scenes", type=int, default=3000, help="more scenes: the captions condition the image")
     p.add_argument("--detector-steps", type=int, default=400)
-    p.add_argument("--tokenizer-steps", type=int, default=200)
-    p.add_argument("--transformer-steps", type=int, default=400)
+    p.add_argument("--tokenizer-steps", type=int, default=600)
+    p.add_argument("--transformer-steps", type=int, default=800)
     p.add_argument("--prompts", type=int, default=40, help="held-out prompts evaluated")
     p.add_argument("--n", type=int, default=4, help="samples per prompt (re-ranked)")
     p.add_argument(

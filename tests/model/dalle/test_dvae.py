@@ -44,6 +44,33 @@ def test_relaxation_is_softmax_of_logits_plus_gumbel_noise_over_temperature():
     weights = torch.exp((logits + noise) / tau)
     expected = weights / weights.sum(dim=1, keepdim=True)
     assert torch.allclose(gumbel_softmax(logits, tau, dim=1, noise=noise), expected, atol=1e-6)
+    # a scaled noise, and none at all (the small preset's deterministic relaxation)
+    weights = torch.exp((logits + 0.25 * noise) / tau)
+    expected = weights / weights.sum(dim=1, keepdim=True)
+    scaled = gumbel_softmax(logits, tau, dim=1, noise=noise, noise_scale=0.25)
+    assert torch.allclose(scaled, expected, atol=1e-6)
+    weights = torch.exp(logits / tau)
+    plain = weights / weights.sum(dim=1, keepdim=True)
+    assert torch.allclose(gumbel_softmax(logits, tau, dim=1, noise_scale=0.0), plain, atol=1e-6)
+
+
+def test_the_training_relaxation_uses_the_configured_noise_and_logit_scale():
+    """The forward pass relaxes `logit_scale` x the encoder's output: with no noise, two calls agree and
+    equal softmax(scaled logits / tau) decoded; with noise they differ."""
+    torch.manual_seed(0)
+    images = torch.rand(2, 3, 16, 16)
+    base = DiscreteVAE(DVAEConfig.preset("small", **TINY, logit_scale=1.0, gumbel_noise=0.0)).eval()
+    scaled = DiscreteVAE(DVAEConfig.preset("small", **TINY, logit_scale=10.0, gumbel_noise=0.0)).eval()
+    scaled.load_state_dict(base.state_dict())
+    out = scaled(images, temperature=0.5, kl_weight=0.0)
+    assert torch.allclose(out.logits, 10.0 * base(images, temperature=0.5, kl_weight=0.0).logits, atol=1e-5)
+    z = torch.softmax(out.logits / 0.5, dim=1)
+    assert torch.allclose(out.reconstruction, scaled.pixels(scaled.decoder(z)), atol=1e-6)
+    assert torch.equal(out.reconstruction, scaled(images, temperature=0.5, kl_weight=0.0).reconstruction)
+    noisy = DiscreteVAE(DVAEConfig.preset("small", **TINY, gumbel_noise=1.0)).eval()
+    noisy.load_state_dict(base.state_dict())
+    a, b = (noisy(images, temperature=0.5, kl_weight=0.0).reconstruction for _ in range(2))
+    assert not torch.allclose(a, b)
 
 
 def test_relaxed_samples_are_distributed_as_the_encoders_categorical():
@@ -111,13 +138,19 @@ def test_decoding_a_grid_of_tokens_is_its_one_hot_relaxation_at_zero_temperature
     assert torch.allclose(model.decode(tokens), model.pixels(model.decoder(one_hot)))
 
 
-def test_training_a_few_steps_makes_reconstructions_recover_the_image():
-    """Round trip: after training on four flat-colour quadrant images, encode -> decode recovers them."""
+@pytest.mark.parametrize(
+    ("relaxation", "lr"),
+    [({}, 1e-3), ({"gumbel_noise": 1.0}, 1e-3), ({"gumbel_noise": 1.0, "logit_scale": 1.0}, 3e-3)],
+    ids=["small-preset", "gumbel-noise", "gumbel-noise-unscaled-logits"],
+)
+def test_training_a_few_steps_makes_reconstructions_recover_the_image(relaxation, lr):
+    """Round trip: after training on four flat-colour quadrant images, encode -> decode recovers them,
+    with the small preset's relaxation (no noise, scaled logits) and with the paper's Gumbel noise."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     cfg = DVAEConfig.preset(
         "small",
-        **{**TINY, "hidden_size": 16, "temperature_anneal_steps": 150, "kl_anneal_steps": 50},
+        **{**TINY, "hidden_size": 16, "temperature_anneal_steps": 150, "kl_anneal_steps": 50, **relaxation},
         reconstruction_loss="mse",
         kl_weight=0.1,
     )
@@ -129,7 +162,7 @@ def test_training_a_few_steps_makes_reconstructions_recover_the_image():
         images[i, :, 8:, 8:] = colours[(i + 1) % 4, :, None, None]
         images[i, :, :8, 8:] = colours[(i + 2) % 4, :, None, None]
         images[i, :, 8:, :8] = 0.5
-    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     for step in range(200):
         tau, beta = model.schedule(step)
         loss = model(images, tau, beta).loss
