@@ -9,6 +9,10 @@ a shared machine falls on both. Regions: stem -> res4, RPN (300 proposals), res5
 RoI, caffe selection of 36. Grid: stem -> res4, res5 once over the whole res4 map, pooled to --grid.
 `ratio` = region s/image / grid s/image (>1: grid faster). Random weights: the timings are
 representative (the work does not depend on the weights' values), the features are not.
+
+Each side's arithmetic is also counted on one image (torch's FlopCounterMode: convolutions and matrix
+products, 2 per multiply-add): `flop_ratio` = region GFLOP / grid GFLOP. Where the network is compute
+bound (a CPU), the time ratio cannot exceed it by much: both sides share the stem -> res4 trunk.
 """
 
 from __future__ import annotations
@@ -42,6 +46,16 @@ def timed(det: Detector, image: np.ndarray, device: str) -> float:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def gflop(det: Detector, image: np.ndarray) -> float:
+    """Convolution and matrix-product GFLOP of one `detect` call (2 FLOP per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        det.detect([image], ["x"])
+    return counter.get_total_flops() / 1e9
 
 
 def main() -> None:
@@ -80,15 +94,18 @@ def main() -> None:
             order = list(sides) if i % 2 == 0 else list(sides)[::-1]
             for name in order:
                 seconds[name].append(timed(sides[name], image, args.device))
+        flops = {name: gflop(det, images[1]) for name, det in sides.items()}
     per_image = {name: float(np.mean(s)) for name, s in seconds.items()}
     cells = grid.detect(images[:1], ["x"])[0].num_boxes
     device = (
         torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu x{torch.get_num_threads()}"
     )
 
-    print(f"{'side':<10}{'s/image':>10}{'records':>10}")
-    print(f"{'regions':<10}{per_image['regions']:>10.3f}{regions.selection.max_boxes:>10}")
-    print(f"{'grid':<10}{per_image['grid']:>10.3f}{cells:>10}")
+    print(f"{'side':<10}{'s/image':>10}{'GFLOP':>10}{'records':>10}")
+    print(
+        f"{'regions':<10}{per_image['regions']:>10.3f}{flops['regions']:>10.1f}{regions.selection.max_boxes:>10}"
+    )
+    print(f"{'grid':<10}{per_image['grid']:>10.3f}{flops['grid']:>10.1f}{cells:>10}")
     print(
         json.dumps(
             {
@@ -99,6 +116,9 @@ def main() -> None:
                 "images": args.images,
                 "region_s_per_image": round(per_image["regions"], 4),
                 "grid_s_per_image": round(per_image["grid"], 4),
+                "region_gflop": round(flops["regions"], 1),
+                "grid_gflop": round(flops["grid"], 1),
+                "flop_ratio": round(flops["regions"] / flops["grid"], 2),
                 "ratio": round(per_image["regions"] / per_image["grid"], 2),
                 "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
             }
