@@ -78,12 +78,10 @@ class Encoder(nn.Module):
             n_in = n_out
         self.groups = nn.Sequential(*groups)
         self.output = nn.Sequential(nn.ReLU(), nn.Conv2d(n_in, cfg.codebook_size, 1))
-
         self.logit_scale = cfg.logit_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.output(self.groups(self.input(x)))
-        return logits * self.logit_scale if self.logit_scale != 1.0 else logits
+        return self.output(self.groups(self.input(x))) * self.logit_scale
 
 
 class Decoder(nn.Module):
