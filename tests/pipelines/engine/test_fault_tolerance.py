@@ -38,7 +38,10 @@ class KilledOnce(ToyTask):
         self.calls += 1
         victim = Path(self.marks) / "victim"
         if self.at and self.calls == self.at and torch.distributed.get_rank() == 1 and not victim.exists():
-            victim.write_text(str(os.getpid()))
+            # written whole, then renamed: the killer polls for the name and must never read it half-written
+            partial = victim.with_name("victim.tmp")
+            partial.write_text(str(os.getpid()))
+            partial.replace(victim)
             time.sleep(120)  # killed long before; were it not, the test fails on the missing restart
         return super().loss(model, batch)
 
