@@ -165,7 +165,7 @@ def scale_preset_schedule(cfg, preset_train):
     scaled = sorted({max(1, round(s * total / old_total)) for s in steps})
     scaled = [s for s in scaled if s < total]
     log.info(
-        "train.lr_steps %s of the preset's %d steps -> %s for --max-steps %d (train.lr_steps=[...] sets them)",
+        "train.lr_steps %s of the preset's %d steps -> %s for --max-steps %d (train.lr_steps=[..] sets them)",
         steps, old_total, scaled, total,
     )  # fmt: skip
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_steps=scaled))

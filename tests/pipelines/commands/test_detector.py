@@ -334,7 +334,8 @@ def _train_config(*argv: str):
     from pipelines.cli import build_parser
     from pipelines.commands.detector import resolve_train_config
 
-    args = build_parser().parse_args(["detector", "train", "--images", "i", "--annotations", "a.json", "--out", "o", *argv])
+    argv = ("detector", "train", "--images", "i", "--annotations", "a.json", "--out", "o", *argv)
+    args = build_parser().parse_args(list(argv))
     return resolve_train_config(args)
 
 
