@@ -131,12 +131,14 @@ def evaluate(
     fid_inputs: FidInputs | None = None,
 ) -> dict:
     """Prompt accuracy of the best-ranked of n samples per prompt (`prompt_accuracy`), of every sample
-    (`sample_accuracy`), of n images decoded from random tokens per prompt (`random_token_accuracy`),
-    and of each prompt's best sample judged against the next prompt's targets (`other_prompt_accuracy`,
-    pairs that ask for the same objects left out). Prompts naming no colour and shape the detector knows
-    are left out and counted. `judge` scores the decoded candidates for `--rerank captioner`; `reranker`
-    describes it in the result (default: the method's name). With `fid_inputs`, `fid` is the FID of the
-    best-ranked samples against the real images; without, `fid_skipped` says what to provide."""
+    (`sample_accuracy`), of the prompts where at least one of the n passes (`best_of_n_accuracy`: what a
+    perfect re-ranker would reach), of n images decoded from random tokens per prompt
+    (`random_token_accuracy`), and of each prompt's best sample judged against the next prompt's targets
+    (`other_prompt_accuracy`, pairs that ask for the same objects left out). Prompts naming no colour and
+    shape the detector knows are left out and counted. `judge` scores the decoded candidates for
+    `--rerank captioner`; `reranker` describes it in the result (default: the method's name). With
+    `fid_inputs`, `fid` is the FID of the best-ranked samples against the real images; without,
+    `fid_skipped` says what to provide."""
     if settings.rerank not in RERANKERS:
         raise ValueError(f"--rerank {settings.rerank!r}: choose one of {', '.join(RERANKERS)}")
     shapes, colours = detector.classes, detector.attributes
@@ -151,7 +153,7 @@ def evaluate(
             len(scored),
         )
     n, threshold = settings.sampling.n, settings.threshold
-    best_hits, sample_hits, random_hits, best_found, best_images = [], [], [], [], []
+    best_hits, sample_hits, any_hits, random_hits, best_found, best_images = [], [], [], [], [], []
     for i, (prompt, wanted) in enumerate(kept):
         sampling = SampleSettings(
             n, settings.sampling.top_k, settings.sampling.top_p, settings.sampling.temperature,
@@ -168,6 +170,7 @@ def evaluate(
         best_hits.append(hits[best])
         best_found.append(found[best])
         sample_hits.extend(hits)
+        any_hits.append(any(hits))
         randoms = detect(detector, random_token_images(model, n, seed=settings.sampling.seed + 100_000 + i))
         random_hits.extend(satisfies(d, wanted, threshold) for d in randoms)
     other_hits = [
@@ -178,6 +181,7 @@ def evaluate(
     return {
         "prompt_accuracy": _mean(best_hits),
         "sample_accuracy": _mean(sample_hits),
+        "best_of_n_accuracy": _mean(any_hits),
         "random_token_accuracy": _mean(random_hits),
         "other_prompt_accuracy": _mean(other_hits),
         "prompts": len(kept),

@@ -299,6 +299,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     for key in (
         "prompt_accuracy",
         "sample_accuracy",
+        "best_of_n_accuracy",
         "random_token_accuracy",
         "other_prompt_accuracy",
         "fid",

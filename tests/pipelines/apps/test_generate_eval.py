@@ -119,6 +119,8 @@ def test_evaluate_scores_its_own_samples_with_the_detector(checkpoint, detector_
         hits += [satisfies(d, wanted, 0.0) for d in detect(detector, images)]
     assert result["sample_accuracy"] == pytest.approx(np.mean(hits))
     assert result["prompt_accuracy"] == pytest.approx(np.mean(hits[::2]))  # no re-ranking: the first
+    pairs = np.array(hits).reshape(len(kept), 2)
+    assert result["best_of_n_accuracy"] == pytest.approx(pairs.any(axis=1).mean())  # a perfect re-ranker
     assert 0 <= result["random_token_accuracy"] <= 1 and 0 <= result["other_prompt_accuracy"] <= 1
 
 
