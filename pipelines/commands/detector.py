@@ -4,6 +4,7 @@ Visual Genome's annotation files to the COCO-style JSON it trains on."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -156,8 +157,6 @@ def scale_preset_schedule(cfg, preset_train):
     """The preset's lr drops (train.lr_steps) moved with --max-steps, at the same fractions of the run:
     a longer run keeps its learning rate up as long, a shorter one still decays. Runs that set
     train.lr_steps themselves (an override, --config, a resumed run's settings) keep theirs."""
-    import dataclasses
-
     old_total, steps = preset_train.max_steps, list(preset_train.lr_steps)
     total = cfg.train.max_steps
     if not steps or not old_total or not total or total == old_total or list(cfg.train.lr_steps) != steps:
