@@ -4,17 +4,13 @@ Visual Genome's annotation files to the COCO-style JSON it trains on."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import logging
 import math
 import os
 import sys
 from pathlib import Path
 
 from pipelines.commands.run_options import add_overrides_argument
-
-log = logging.getLogger(__name__)
 
 TRAIN_EPILOG = """\
 annotations: COCO detection JSON: images [{id, file_name, width, height}], annotations [{id, image_id,
@@ -112,12 +108,8 @@ def resolve_train_config(args: argparse.Namespace):
     if preset is None and settings is not None:
         preset = (settings.get("task") or {}).get("preset")
     cfg = default_run(preset) if preset else DetectorTrainRun()
-    preset_train = cfg.train
     if settings is not None:
         cfg = config_io.merge(cfg, settings, where=str(args.config or args.out))
-    lr_steps_chosen = any(o.split("=", 1)[0].strip() == "train.lr_steps" for o in args.overrides or []) or (
-        "lr_steps" in ((settings or {}).get("train") or {})
-    )
     train = {
         "max_steps": args.max_steps,
         "batch_size": args.batch_size,
@@ -145,29 +137,10 @@ def resolve_train_config(args: argparse.Namespace):
         "task": {k: v for k, v in task.items() if v is not None},
     }
     cfg = config_io.apply_overrides(config_io.merge(cfg, data, where="command line"), args.overrides)
-    if args.max_steps is not None and not lr_steps_chosen:
-        cfg = scale_preset_schedule(cfg, preset_train)
     for name in ("images", "annotations"):
         if not getattr(cfg.task, name):
             raise ValueError(f"--{name} is required (or task.{name} in --config)")
     return cfg
-
-
-def scale_preset_schedule(cfg, preset_train):
-    """The preset's lr drops (train.lr_steps) moved with --max-steps, at the same fractions of the run:
-    a longer run keeps its learning rate up as long, a shorter one still decays. Runs that set
-    train.lr_steps themselves (an override, --config, a resumed run's settings) keep theirs."""
-    old_total, steps = preset_train.max_steps, list(preset_train.lr_steps)
-    total = cfg.train.max_steps
-    if not steps or not old_total or not total or total == old_total or list(cfg.train.lr_steps) != steps:
-        return cfg
-    scaled = sorted({max(1, round(s * total / old_total)) for s in steps})
-    scaled = [s for s in scaled if s < total]
-    log.info(
-        "train.lr_steps %s of the preset's %d steps -> %s for --max-steps %d (train.lr_steps=[..] sets them)",
-        steps, old_total, scaled, total,
-    )  # fmt: skip
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, lr_steps=scaled))
 
 
 def run(args: argparse.Namespace) -> int:

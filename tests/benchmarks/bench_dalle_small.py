@@ -115,7 +115,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", default="/tmp/dalle_small")
     p.add_argument("--scenes", type=int, default=3000, help="more scenes: the captions condition the image")
-    p.add_argument("--detector-steps", type=int, default=2400, help="the preset's lr drops move with them")
+    p.add_argument(
+        "--detector-steps", type=int, default=2400, help="c4-small's lr drops (720, 850 of 900) move too"
+    )
     p.add_argument("--tokenizer-steps", type=int, default=600)
     p.add_argument("--transformer-steps", type=int, default=800)
     p.add_argument("--prompts", type=int, default=40, help="held-out prompts evaluated")
@@ -147,6 +149,7 @@ def main() -> None:
         if args.stop_after == name:
             sys.exit(0)
 
+    lr_drops = [round(args.detector_steps * s / 900) for s in (720, 850)]
     cfg = SyntheticConfig(num_images=args.scenes, image_size=64, seed=0)
     stage("scenes", data / "captions.json", lambda: str(generate(data, cfg).counts))
     images = str(data / "images")
@@ -157,7 +160,7 @@ def main() -> None:
             "detector", "train", "--images", images, "--annotations", str(data / "detection_train.json"),
             "--valid", str(data / "detection_valid.json"), "--out", str(work / "detector"),
             "--preset", "c4-small", "--max-steps", str(args.detector_steps), "--optimizer", "adamw",
-            "--lr", "2e-3", *DETECTOR_SIZE,
+            "--lr", "2e-3", *DETECTOR_SIZE, f"train.lr_steps=[{lr_drops[0]},{lr_drops[1]}]",
         ),
     )  # fmt: skip
     stage(

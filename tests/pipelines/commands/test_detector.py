@@ -328,28 +328,3 @@ def test_extract_with_trained_weights_records_the_names_and_show_draws_them(
     for text in texts:  # "attribute object" in the run's own names, not attr2 obj1
         attribute, name = text.split()
         assert attribute in COLOURS and name in SHAPES, text
-
-
-def _train_config(*argv: str):
-    from pipelines.cli import build_parser
-    from pipelines.commands.detector import resolve_train_config
-
-    argv = ("detector", "train", "--images", "i", "--annotations", "a.json", "--out", "o", *argv)
-    args = build_parser().parse_args(list(argv))
-    return resolve_train_config(args)
-
-
-def test_max_steps_moves_the_presets_lr_drops_with_the_run_unless_they_are_set():
-    preset = _train_config("--preset", "c4-small").train
-    assert preset.max_steps == 900 and preset.lr_steps == [720, 850]
-    longer = _train_config("--preset", "c4-small", "--max-steps", "2400").train
-    # the same fractions of the run: 720/900 and 850/900 of 2400
-    assert longer.lr_steps == [round(720 * 2400 / 900), round(850 * 2400 / 900)] == [1920, 2267]
-    shorter = _train_config("--preset", "c4-small", "--max-steps", "90").train
-    assert shorter.lr_steps == [72, 85]
-    tiny = _train_config("--preset", "c4-small", "--max-steps", "1").train
-    assert tiny.lr_steps == []  # no drop left inside a one-step run
-    chosen = _train_config("--preset", "c4-small", "--max-steps", "2400", "train.lr_steps=[100,200]").train
-    assert chosen.lr_steps == [100, 200]
-    full = _train_config("--max-steps", "9000").train
-    assert full.lr_steps == [6000, 8000]  # the full preset's 60k/80k of 90k
