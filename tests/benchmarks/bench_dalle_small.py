@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pipelines.apps.demo.synthetic import SyntheticConfig, generate  # noqa: E402
+from pipelines.tasks.detection import SMALL_PRESET, default_train_config  # noqa: E402
 
 # the scenes are 64 px: the c4-small detector reads them at 256 (its shapes are 8-24 px; at 128 the judge
 # was too unsure of itself: at class score 0.5 it confirmed 64 % of the real test scenes, at 256 all)
@@ -115,9 +116,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", default="/tmp/dalle_small")
     p.add_argument("--scenes", type=int, default=3000, help="more scenes: the captions condition the image")
-    p.add_argument(
-        "--detector-steps", type=int, default=2400, help="c4-small's lr drops (720, 850 of 900) move too"
-    )
+    p.add_argument("--detector-steps", type=int, default=2400, help="c4-small's lr drops move with them")
     p.add_argument("--tokenizer-steps", type=int, default=600)
     p.add_argument("--transformer-steps", type=int, default=800)
     p.add_argument("--prompts", type=int, default=40, help="held-out prompts evaluated")
@@ -149,7 +148,8 @@ def main() -> None:
         if args.stop_after == name:
             sys.exit(0)
 
-    lr_drops = [round(args.detector_steps * s / 900) for s in (720, 850)]
+    preset = default_train_config(SMALL_PRESET)  # its lr drops, moved to this run's length
+    lr_drops = [round(args.detector_steps * s / preset.max_steps) for s in preset.lr_steps]
     cfg = SyntheticConfig(num_images=args.scenes, image_size=64, seed=0)
     stage("scenes", data / "captions.json", lambda: str(generate(data, cfg).counts))
     images = str(data / "images")
@@ -160,7 +160,7 @@ def main() -> None:
             "detector", "train", "--images", images, "--annotations", str(data / "detection_train.json"),
             "--valid", str(data / "detection_valid.json"), "--out", str(work / "detector"),
             "--preset", "c4-small", "--max-steps", str(args.detector_steps), "--optimizer", "adamw",
-            "--lr", "2e-3", *DETECTOR_SIZE, f"train.lr_steps=[{lr_drops[0]},{lr_drops[1]}]",
+            "--lr", "2e-3", *DETECTOR_SIZE, f"train.lr_steps=[{','.join(map(str, lr_drops))}]",
         ),
     )  # fmt: skip
     stage(
