@@ -60,17 +60,20 @@ class Conv2d(nn.Conv2d):
         self.folded_bias = shift.to(self.weight.dtype)
         self._folded_version = _version(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dilation: int | None = None) -> torch.Tensor:
+        """`dilation`, when given, replaces the layer's own (with the padding that keeps the size)."""
+        padding, dilations = self.padding, self.dilation
+        if dilation is not None:
+            dilations = (dilation, dilation)
+            padding = tuple(dilation * (k - 1) // 2 for k in self.kernel_size)
         if self.weight.requires_grad and torch.is_grad_enabled():
             scale, shift = self.norm.scale_and_shift()
             weight = self.weight * scale.to(self.weight.dtype).view(-1, 1, 1, 1)
             bias = shift.to(self.weight.dtype)
-            return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+            return F.conv2d(x, weight, bias, self.stride, padding, dilations, self.groups)
         if self._folded_version != _version(self.weight):  # an optimizer step changed the weight in place
             self.fold()
-        return F.conv2d(
-            x, self.folded_weight, self.folded_bias, self.stride, self.padding, self.dilation, self.groups
-        )
+        return F.conv2d(x, self.folded_weight, self.folded_bias, self.stride, padding, dilations, self.groups)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -95,9 +98,10 @@ class BottleneckBlock(nn.Module):
         self.conv2 = Conv2d(bottleneck_ch, bottleneck_ch, 3, dilation=dilation)
         self.conv3 = Conv2d(bottleneck_ch, out_ch, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dilation: int | None = None) -> torch.Tensor:
+        """`dilation`, when given, replaces the 3x3 convolution's own."""
         out = F.relu_(self.conv1(x))
-        out = F.relu_(self.conv2(out))
+        out = F.relu_(self.conv2(out) if dilation is None else self.conv2(out, dilation))
         out = self.conv3(out)
         out += x if self.shortcut is None else self.shortcut(x)
         return F.relu_(out)

@@ -115,15 +115,16 @@ class VGFasterRCNN(nn.Module):
         self, images: list[torch.Tensor], grid: GridConfig, stage: StageTimer = _untimed
     ) -> list[GridOutputs]:
         """Normalised images -> each image's grid cells: stem -> res4 over the whole image, the RoI head's
-        res5 (same weights) over the whole res4 map, pooled by `grid`, then the box predictor on each
-        cell. Images run one at a time, as in `forward`, so a cell never depends on its batch-mates."""
+        res5 (same weights) over the whole res4 map at the grid's stride, pooled by `grid`, then the box
+        predictor on each cell. Images run one at a time, as in `forward`, so a cell never depends on its
+        batch-mates."""
         out = []
         with self._autocast(images[0].device if images else torch.device("cpu")):
             for image in images:
                 with stage("backbone"):
                     res4 = self.backbone(image[None])
                 with stage("res5_grid"):
-                    res5 = self.roi_heads.res5(res4)
+                    res5 = grid.res5_map(self.roi_heads.res5, res4)
                     cells = grid.pool_map(res5)
                     features = cells.flatten(2)[0].t().contiguous()  # (rows * cols, D), row-major
                     # as the RoI head does, minus the box deltas: a cell's box is the cell

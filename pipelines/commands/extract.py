@@ -30,8 +30,11 @@ unusable input (missing path, duplicate or too long ids, settings that differ fr
 replicas the cluster cannot start within --startup-timeout, or replicas that keep dying.
 --features grid writes grid features from the same detector instead of regions: stem -> res4 over the
 whole image, res5 over the whole res4 map, pooled to --grid (14x14: Show, Attend and Tell's 196 cells;
-native/2: the native stride-16 map pooled by 2, grid-feats-vqa's shape); each cell is a record's box
-(in image pixels) with the box predictor's class and attributes, so every model reads the store unchanged.
+native/2: the native stride-16 map pooled by 2, grid-feats-vqa's shape). A trailing @32 (14x14@32,
+native/1@32) runs res5 at stride 32 as grid-feats-vqa extracts: exactly every other row and column of the
+stride-16 map, for a quarter of res5's arithmetic; native/1@32 is grid-feats-vqa's grid. Each cell is a
+record's box (in image pixels) with the box predictor's class and attributes, so every model reads the
+store unchanged.
 --config takes a YAML of ExtractConfig keys; flags win over it, and KEY=VALUE items (batch_size=8,
 overrides.nms_thresh=0.3) over both.
 
@@ -84,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     det.add_argument(
         "--grid",
-        metavar="ROWSxCOLS|native/K",
-        help=f"cells of --features grid: e.g. 14x14, or native/2 {default('grid')}",
+        metavar="ROWSxCOLS|native/K[@32]",
+        help=f"cells of --features grid: e.g. 14x14, native/2, native/1@32 (res5 at stride 32) "
+        f"{default('grid')}",
     )
     det.add_argument(
         "--selection", choices=SELECTION_RULES, help=f"region selection rule {default('selection')}"

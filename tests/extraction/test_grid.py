@@ -17,7 +17,7 @@ from extraction.postprocess import attribute_confidence
 from extraction.preprocess import batch_images, resize_image
 from extraction.provenance import detector_settings
 
-SPECS = ("14x14", "native/2", "3x5")
+SPECS = ("14x14", "native/2", "3x5", "14x14@32", "native/1@32")
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +36,16 @@ def detectors() -> dict[str, Detector]:
 
 
 def _res5_map(det: Detector, image: np.ndarray) -> tuple[torch.Tensor, tuple[int, int]]:
-    """res5 over the whole res4 map of one image, computed here from the network's parts, (D, H, W)."""
+    """res5 over the whole res4 map of one image, computed here from the network's parts, (D, H, W): the
+    RoI head's dilated stage as it is, and for a stride-32 grid that map's even rows and columns."""
     cfg = det.config
     resized = resize_image(image, cfg.min_size, cfg.max_size)
     x = batch_images([resized], cfg.pixel_mean, cfg.pixel_std, torch.device("cpu"))[0]
     with torch.inference_mode():
-        res5 = det.model.roi_heads.res5(det.model.backbone(x))
-    return res5[0].float(), resized.shape[:2]
+        res5 = det.model.roi_heads.res5(det.model.backbone(x))[0].float()
+    if det.grid.stride == 32:
+        res5 = res5[:, ::2, ::2]
+    return res5, resized.shape[:2]
 
 
 def _pool_here(res5: torch.Tensor, grid: GridConfig) -> np.ndarray:
@@ -81,8 +84,9 @@ def test_cells_equal_res5_of_the_whole_map_pooled_here(detectors, make_image, sp
     np.testing.assert_array_equal(record.attrs_id, attribute_confidence(attr_logits, "caffe")[1].numpy())
 
 
-def test_a_cell_does_not_depend_on_its_batch_mates_bit_for_bit(detectors, make_image):
-    det = detectors["14x14"]
+@pytest.mark.parametrize("spec", ["14x14", "native/1@32"])
+def test_a_cell_does_not_depend_on_its_batch_mates_bit_for_bit(detectors, make_image, spec):
+    det = detectors[spec]
     images = [make_image(s, h, w) for s, (h, w) in enumerate([(120, 200), (240, 160), (90, 90)])]
     together = det.detect(images, ["a", "b", "c"])
     for i, image in enumerate(images):
@@ -142,6 +146,28 @@ def test_grid_specs_parse_and_bad_ones_are_one_clear_line():
     assert GridConfig.parse("14x14") == GridConfig(14, 14)
     assert GridConfig.parse(" 7X9 ") == GridConfig(7, 9)
     assert GridConfig.parse("native/2").pool == 2
-    for bad in ("14", "0x3", "native/0", "native", "14x14x2"):
-        with pytest.raises(ValueError, match="14x14|at least"):
+    assert GridConfig.parse("14x14@32") == GridConfig(14, 14, stride=32)
+    assert GridConfig.parse("native/1@32") == GridConfig(pool=1, stride=32)
+    assert GridConfig.parse("7x9@16") == GridConfig(7, 9)  # 16 is the default, and its spec omits it
+    assert GridConfig.parse("7x9@16").spec == "7x9" and GridConfig(pool=1, stride=32).spec == "native/1@32"
+    for bad in ("14", "0x3", "native/0", "native", "14x14x2", "14x14@24", "14x14@", "native/2@8"):
+        with pytest.raises(ValueError, match="14x14|at least|stride") as err:
             GridConfig.parse(bad)
+        assert "\n" not in str(err.value)
+
+
+def test_a_stride_32_grid_needs_res5_dilated_by_2_and_says_so():
+    """Every other row and column of the stride-16 map is res5 undilated only when the stage is dilated
+    by 2; any other stage is refused in one line rather than given different features."""
+    from extraction.backbone import make_stage
+
+    stage = make_stage(1, 8, 16, 4, first_stride=1, dilation=1)
+    with pytest.raises(ValueError, match="res5_dilation 2.*stride-16 grid") as err:
+        GridConfig.parse("14x14@32").res5_map(stage, torch.zeros(1, 8, 6, 6))
+    assert "\n" not in str(err.value)
+    dilated = make_stage(2, 8, 16, 4, first_stride=1, dilation=2).eval()
+    x = torch.randn(1, 8, 7, 10)
+    with torch.inference_mode():
+        want = dilated(x)[:, :, ::2, ::2]
+        got = GridConfig.parse("14x14@32").res5_map(dilated, x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -60,6 +60,10 @@ def test_grid_flags_reach_the_config_and_the_cluster_command():
     assert _resolve(["imgs", "--out", "g.lmdb", "--features", "grid"]).grid == "14x14"
     args = build_parser().parse_args(["extract", *argv])
     assert vars(build_parser().parse_args(cluster_argv(args))) == vars(args)
+    strided = ["imgs", "--out", "g.lmdb", "--features", "grid", "--grid", "native/1@32"]
+    assert _resolve(strided).grid == "native/1@32"
+    args = build_parser().parse_args(["extract", *strided])
+    assert vars(build_parser().parse_args(cluster_argv(args))) == vars(args)
 
 
 def test_a_bad_grid_is_one_line_before_any_work(caplog):

@@ -945,6 +945,9 @@ def test_a_grid_store_is_not_resumed_as_regions_nor_with_another_grid(tmp_path, 
         run_extract(config(images, store))
     with pytest.raises(InputError, match=r"grid: '14x14' -> 'native/2'"):
         run_extract(config(images, store, features="grid", grid="native/2"))
+    # the same cells from res5 at stride 32 are other features: not appended to a stride-16 store
+    with pytest.raises(InputError, match=r"grid: '14x14' -> '14x14@32'"):
+        run_extract(config(images, store, features="grid", grid="14x14@32"))
     # a region store written before grid features existed records no `features`: still resumable as regions
     old = {
         k: v
