@@ -176,16 +176,21 @@ def main() -> None:
     cfg = SyntheticConfig(num_images=args.scenes, image_size=64, seed=0)
     stage("scenes", data / "captions.json", lambda: str(generate(data, cfg).counts))
     images = str(data / "images")
-    stage(
-        "detector",
-        work / "detector" / "last",
-        lambda: xmodal(
-            "detector", "train", "--images", images, "--annotations", str(data / "detection_train.json"),
-            "--valid", str(data / "detection_valid.json"), "--out", str(work / "detector"),
-            "--preset", "c4-small", "--max-steps", str(args.detector_steps), "--optimizer", "adamw",
-            "--lr", "2e-3", *DETECTOR_SIZE, f"train.lr_steps=[{','.join(map(str, lr_drops))}]",
-        ),
-    )  # fmt: skip
+
+    def train_detector(name: str, settings: tuple[str, ...]) -> None:
+        """A `c4-small` detector on the train scenes, as stage `name` into work/name."""
+        stage(
+            name,
+            work / name / "last",
+            lambda: xmodal(
+                "detector", "train", "--images", images, "--annotations", str(data / "detection_train.json"),
+                "--valid", str(data / "detection_valid.json"), "--out", str(work / name),
+                "--preset", "c4-small", "--max-steps", str(args.detector_steps), "--optimizer", "adamw",
+                "--lr", "2e-3", *settings, f"train.lr_steps=[{','.join(map(str, lr_drops))}]",
+            ),
+        )  # fmt: skip
+
+    train_detector("detector", DETECTOR_SIZE)
     stage(
         "tokenizer",
         work / "tokenizer" / "best",
@@ -213,16 +218,7 @@ def main() -> None:
     )  # fmt: skip
     rerank = ["--rerank", args.rerank]
     if args.rerank == "captioner":
-        stage(
-            "rerank_detector",
-            work / "rerank_detector" / "last",
-            lambda: xmodal(
-                "detector", "train", "--images", images, "--annotations", str(data / "detection_train.json"),
-                "--valid", str(data / "detection_valid.json"), "--out", str(work / "rerank_detector"),
-                "--preset", "c4-small", "--max-steps", str(args.detector_steps), "--optimizer", "adamw",
-                "--lr", "2e-3", *RERANK_DETECTOR_SIZE, f"train.lr_steps=[{','.join(map(str, lr_drops))}]",
-            ),
-        )  # fmt: skip
+        train_detector("rerank_detector", RERANK_DETECTOR_SIZE)
         stage(
             "rerank_regions",
             work / "rerank_regions.lmdb",
