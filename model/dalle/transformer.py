@@ -172,12 +172,28 @@ class DalleTransformer(nn.Module, PretrainedMixin):
         top_p: float | None = None,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        guidance: float = 1.0,
+        unconditional: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Sample (B, grid^2) image tokens after `text`, one token at a time."""
-        image = text.new_zeros(text.shape[0], 0)
+        """Sample (B, grid^2) image tokens after `text`, one token at a time. With `guidance` s != 1 and
+        `unconditional` text ids (1 or B rows: the empty caption), each step samples from the
+        classifier-free guided logits u + s (c - u) of the conditional c and unconditional u next-token
+        logits (Ho & Salimans 2022, as autoregressive text-to-image models use it); s = 1 is plain
+        sampling, s = 0 ignores the prompt."""
+        b = text.shape[0]
+        guided = guidance != 1.0
+        if guided:
+            if unconditional is None:
+                raise ValueError("guidance needs the unconditional (empty caption) text")
+            text = torch.cat([text, unconditional.expand(b, -1)])
+        image = text.new_zeros(b, 0)
         for _ in range(self.config.image_length):
-            logits = self(text, image).image_logits[:, -1] / temperature
-            token = sample_token(logits, top_k, top_p, generator)
+            context = torch.cat([image, image]) if guided else image
+            logits = self(text, context).image_logits[:, -1].float()
+            if guided:
+                conditional, free = logits[:b], logits[b:]
+                logits = free + guidance * (conditional - free)
+            token = sample_token(logits / temperature, top_k, top_p, generator)
             image = torch.cat([image, token[:, None]], dim=1)
         return image
 

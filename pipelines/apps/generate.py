@@ -23,6 +23,7 @@ class SampleSettings:
         "top_p": "(0, 1]",
         "temperature": "(0, 1000]",
         "seed": "[0, 4294967295]",
+        "guidance": "[0, 100]",
     }
 
     n: int = 8
@@ -30,6 +31,9 @@ class SampleSettings:
     top_p: float | None = 0.9
     temperature: float = 1.0
     seed: int = 0
+    # classifier-free guidance scale: 1 samples the model as trained; above 1 needs a model trained with
+    # task.caption_dropout > 0 (it then follows the prompt more closely)
+    guidance: float = 1.0
 
     def __post_init__(self) -> None:
         check_fields(self, "command line")  # before a checkpoint is read
@@ -58,6 +62,8 @@ def sample_tokens(model: TextToImageModel, prompt: str, settings: SampleSettings
         top_p=settings.top_p,
         temperature=settings.temperature,
         generator=generator,
+        guidance=settings.guidance,
+        unconditional=prompt_text(model, "") if settings.guidance != 1.0 else None,
     )
 
 

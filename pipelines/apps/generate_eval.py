@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -155,10 +155,7 @@ def evaluate(
     n, threshold = settings.sampling.n, settings.threshold
     best_hits, sample_hits, any_hits, random_hits, best_found, best_images = [], [], [], [], [], []
     for i, (prompt, wanted) in enumerate(kept):
-        sampling = SampleSettings(
-            n, settings.sampling.top_k, settings.sampling.top_p, settings.sampling.temperature,
-            settings.sampling.seed + i,
-        )  # fmt: skip
+        sampling = replace(settings.sampling, seed=settings.sampling.seed + i)
         tokens = sample_tokens(model, prompt, sampling)
         contrast = [kept[(i + k) % len(kept)][0] for k in range(1, CONTRAST_PROMPTS + 1) if len(kept) > k]
         scores = rerank_scores(model, prompt, tokens, settings.rerank, contrast, judge)

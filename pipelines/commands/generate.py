@@ -103,6 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--batch-size", type=int, help="caption-image pairs per step")
     tr.add_argument("--lr", type=float, help="peak learning rate")
     tr.add_argument("--seed", type=int, help="seed of shuffling and initialisation")
+    tr.add_argument(
+        "--caption-dropout",
+        type=float,
+        help="fraction of training pairs whose caption is emptied, so sampling can use --guidance "
+        "(task.caption_dropout; default 0, the paper's)",
+    )
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_overrides_argument(tr, "config overrides, e.g. task.dalle.num_layers=6 task.dalle.attention=sparse")
 
@@ -120,6 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sp.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     sp.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
     sp.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
+    sp.add_argument(
+        "--guidance",
+        type=float,
+        default=1.0,
+        help="classifier-free guidance scale (1 = off; above 1 follows the prompt more closely and needs a "
+        "model trained with --caption-dropout)",
+    )
     sp.add_argument("--seed", type=int, default=0, help="sampling seed (same seed, same images)")
     add_rerank_arguments(sp, "likelihood")
     sp.add_argument(
@@ -146,6 +159,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ev.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     ev.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (1 = off)")
     ev.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
+    ev.add_argument(
+        "--guidance",
+        type=float,
+        default=1.0,
+        help="classifier-free guidance scale (1 = off; above 1 follows the prompt more closely and needs a "
+        "model trained with --caption-dropout)",
+    )
     ev.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
     ev.add_argument(
         "--fid-weights",
@@ -234,7 +254,12 @@ def resolve_train_config(args: argparse.Namespace):
     """The transformer run's settings (see `_resolve_run`)."""
     from pipelines.tasks.text_to_image import TextToImageRun, TextToImageTaskConfig, default_train_config
 
-    flags = {"features": args.features, "captions": args.captions, "tokenizer": args.tokenizer}
+    flags = {
+        "features": args.features,
+        "captions": args.captions,
+        "tokenizer": args.tokenizer,
+        "caption_dropout": args.caption_dropout,
+    }
     return _resolve_run(args, TextToImageRun, TextToImageTaskConfig, default_train_config, flags)
 
 
@@ -282,7 +307,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from pipelines.tasks.text_to_image import TextToImageModel
 
     try:
-        sampling = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
+        sampling = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed, args.guidance)
         settings = EvalSettings(sampling, args.rerank, args.threshold)
         prompts = read_prompts(args.prompts)
         model = TextToImageModel.load(args.checkpoint)
@@ -403,7 +428,7 @@ def _sample(args: argparse.Namespace) -> int:
     from pipelines.tasks.text_to_image import TextToImageModel
 
     try:
-        settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed)
+        settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed, args.guidance)
         model = TextToImageModel.load(args.checkpoint)
         judge, reranker = load_judge(args)
         tokens = sample_tokens(model, args.prompt, settings)

@@ -34,7 +34,7 @@ class TextToImageTaskConfig:
     """What the transformer trains on: a token store, a Karpathy-style captions file, and the tokenizer run
     whose dVAE made the store (copied into every checkpoint so sampling can decode)."""
 
-    RANGES: ClassVar[dict[str, str]] = {"min_word_count": "[1, 1000000000]"}
+    RANGES: ClassVar[dict[str, str]] = {"min_word_count": "[1, 1000000000]", "caption_dropout": "[0, 1)"}
 
     features: str = ""
     captions: str = ""
@@ -42,6 +42,10 @@ class TextToImageTaskConfig:
     preset: str = "small"
     dalle: dict[str, Any] = field(default_factory=dict)
     min_word_count: int = 1  # caption words seen fewer times map to <unk>
+    # The fraction of training pairs whose caption is replaced by the empty one (`<bos> <eos>`, then
+    # padding), so the model also learns p(image) and can sample with classifier-free guidance
+    # (`xmodal generate --guidance`); 0: every pair keeps its caption (the paper's).
+    caption_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         # `task.dalle` overrides meet DalleConfig's types and ranges when the run's config is resolved
@@ -86,18 +90,27 @@ def encode_prompt(vocab: Vocabulary, text: str, text_length: int) -> tuple[np.nd
 class CaptionTokenPairs(Dataset):
     """Every (caption, token grid) pair of the images of one split found in the store."""
 
-    def __init__(self, images: list[CaptionImage], store: TokenReader, vocab: Vocabulary, text_length: int):
+    def __init__(
+        self,
+        images: list[CaptionImage],
+        store: TokenReader,
+        vocab: Vocabulary,
+        text_length: int,
+        caption_dropout: float = 0.0,
+    ):
         self.store_path, self.vocab, self.text_length = store.path, vocab, text_length
+        self.caption_dropout = caption_dropout  # the training pairs' (collate drops); validation keeps all
         self.grids = {Path(im.filename).stem: store[Path(im.filename).stem].reshape(-1) for im in images}
         self.pairs = [(Path(im.filename).stem, raw) for im in images for raw in im.raw]
 
     def __len__(self) -> int:
         return len(self.pairs)
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """(caption ids, padding mask, token grid, the probability that collate drops the caption)"""
         img_id, caption = self.pairs[i]
         text, padding = encode_prompt(self.vocab, caption, self.text_length)
-        return text, padding, self.grids[img_id]
+        return text, padding, self.grids[img_id], self.caption_dropout
 
 
 class TextToImageTask:
@@ -143,7 +156,7 @@ class TextToImageTask:
             },
         )
         t = self.dalle_config.text_length
-        self._train = CaptionTokenPairs(train, store, self.vocab, t)
+        self._train = CaptionTokenPairs(train, store, self.vocab, t, cfg.caption_dropout)
         valid = [im for im in present if im.split == "val"]
         self._valid = CaptionTokenPairs(valid, store, self.vocab, t) if valid else None
         store.close()
@@ -164,7 +177,16 @@ class TextToImageTask:
         return self._valid
 
     def collate(self, items: list, rng: np.random.Generator) -> dict:
-        text, padding, image = (torch.from_numpy(np.stack(column)) for column in zip(*items, strict=True))
+        columns = list(zip(*items, strict=True))
+        text, padding, image = (torch.from_numpy(np.stack(column)) for column in columns[:3])
+        dropout = np.asarray(columns[3], dtype=np.float64)
+        if dropout.any():
+            dropped = torch.from_numpy(rng.random(len(items)) < dropout)
+            empty_text, empty_padding = (
+                torch.from_numpy(a) for a in encode_prompt(self.vocab, "", text.shape[1])
+            )
+            text = torch.where(dropped[:, None], empty_text, text)
+            padding = torch.where(dropped[:, None], empty_padding, padding)
         return {"text": text, "padding": padding, "image": image}
 
     def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:

@@ -20,6 +20,8 @@ and its earlier time kept, so an interrupted run continues):
 Prints a table and one JSON line (`ratio` = prompt accuracy / random-token accuracy, >1 better).
 
     OMP_NUM_THREADS=2 .venv/bin/python tests/benchmarks/bench_dalle_small.py --workdir /tmp/dalle_small
+
+(defaults: 100 prompts, 32 candidates each, tokenizer and transformer seed 0; --seed N trains both with N)
 """
 
 from __future__ import annotations
@@ -137,8 +139,9 @@ def main() -> None:
     p.add_argument("--detector-steps", type=int, default=2400, help="c4-small's lr drops move with them")
     p.add_argument("--tokenizer-steps", type=int, default=600)
     p.add_argument("--transformer-steps", type=int, default=800)
-    p.add_argument("--prompts", type=int, default=40, help="held-out prompts evaluated")
-    p.add_argument("--n", type=int, default=4, help="samples per prompt (re-ranked)")
+    p.add_argument("--prompts", type=int, default=100, help="held-out prompts evaluated")
+    p.add_argument("--n", type=int, default=32, help="samples per prompt (re-ranked)")
+    p.add_argument("--seed", type=int, default=0, help="the tokenizer's and the transformer's training seed")
     p.add_argument(
         "--threshold",
         type=float,
@@ -196,7 +199,7 @@ def main() -> None:
         work / "tokenizer" / "best",
         lambda: xmodal(
             "generate", "train-tokenizer", "--images", images, "--out", str(work / "tokenizer"),
-            "--max-steps", str(args.tokenizer_steps), "train.eval_every=200",
+            "--max-steps", str(args.tokenizer_steps), "--seed", str(args.seed), "train.eval_every=200",
         ),
     )  # fmt: skip
     stage(
@@ -213,7 +216,7 @@ def main() -> None:
         lambda: xmodal(
             "generate", "train", "--features", str(work / "tokens.lmdb"), "--captions",
             str(data / "captions.json"), "--tokenizer", str(work / "tokenizer"), "--out", str(work / "dalle"),
-            "--max-steps", str(args.transformer_steps),
+            "--max-steps", str(args.transformer_steps), "--seed", str(args.seed),
         ),
     )  # fmt: skip
     rerank = ["--rerank", args.rerank]

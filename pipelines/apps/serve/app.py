@@ -166,6 +166,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
         top_p: float | None = Form(0.9),
         temperature: float = Form(1.0),
         rerank: str | None = Form(None),
+        guidance: float = Form(1.0),
     ) -> dict:
         generator = backend.generator
         if generator is None:
@@ -183,6 +184,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             raise ServiceError(400, f"top_p must lie in (0, 1], got {top_p}")
         if not temperature > 0:
             raise ServiceError(400, f"temperature must be positive, got {temperature}")
+        if not 0 <= guidance <= 100:
+            raise ServiceError(400, f"guidance must lie in [0, 100], got {guidance}")
         rerank = rerank or ("captioner" if backend.captioner is not None else "likelihood")
         if rerank not in SERVER_RERANKERS:
             raise ServiceError(400, f"rerank must be one of {', '.join(SERVER_RERANKERS)}, got {rerank!r}")
@@ -201,13 +204,14 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             )
         with service.admitted():
             started = time.perf_counter()
-            settings = SampleSettings(n, top_k, top_p, temperature, seed)
+            settings = SampleSettings(n, top_k, top_p, temperature, seed, guidance)
             images, scores = await service.run(service.generate(prompt, settings, rerank))
             return {
                 "prompt": prompt,
                 "rerank": rerank,
                 "reranker": reranker,
                 "seed": seed,
+                "guidance": guidance,
                 "images": [
                     {
                         "sample": i,

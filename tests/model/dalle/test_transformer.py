@@ -149,3 +149,36 @@ def test_learns_to_draw_each_captions_image_and_generates_it():
     assert torch.equal(m.generate(text, top_k=1), image)
     # The captions are learnt too, down to the one unpredictable choice: the first word (ln 2 over 4 tokens).
     assert loss.text < math.log(2) / 4 + 0.05
+
+
+def _greedy_guided(
+    m: DalleTransformer, text: torch.Tensor, empty: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Greedy decoding from u + s (c - u), the conditional and unconditional logits from separate passes."""
+    image = text.new_zeros(text.shape[0], 0)
+    with torch.no_grad():
+        for _ in range(m.config.image_length):
+            c = m(text, image).image_logits[:, -1]
+            u = m(empty.expand(text.shape[0], -1), image).image_logits[:, -1]
+            image = torch.cat([image, (u + scale * (c - u)).argmax(-1, keepdim=True)], dim=1)
+    return image
+
+
+def test_classifier_free_guidance_follows_the_guided_logits():
+    m = model()
+    text, _ = inputs(batch=3, seed=4)
+    empty = m.pad_text(torch.tensor([[1, 2, 0, 0, 0]]), torch.tensor([[False, False, True, True, True]]))
+    for scale in (3.0, 0.0):
+        assert torch.equal(
+            m.generate(text, top_k=1, guidance=scale, unconditional=empty),
+            _greedy_guided(m, text, empty, scale),
+        )
+    # s = 0 is the unconditional model; s = 1 draws exactly what unguided sampling draws
+    assert torch.equal(
+        m.generate(text, top_k=1, guidance=0.0, unconditional=empty), m.generate(empty.expand(3, -1), top_k=1)
+    )
+    plain = m.generate(text, generator=torch.Generator().manual_seed(7))
+    same = m.generate(text, generator=torch.Generator().manual_seed(7), guidance=1.0, unconditional=empty)
+    assert torch.equal(plain, same)
+    with pytest.raises(ValueError, match="unconditional"):
+        m.generate(text, guidance=2.0)

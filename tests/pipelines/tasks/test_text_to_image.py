@@ -111,3 +111,37 @@ def test_evaluation_scores_the_images_after_other_captions_too(data):
     by_hand = -torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["image"].flatten())
     assert metrics[SHUFFLED_METRIC] == pytest.approx(float(by_hand), rel=1e-5)
     assert metrics[PRIMARY_METRIC] != pytest.approx(metrics[SHUFFLED_METRIC], rel=1e-9)
+
+
+def test_caption_dropout_empties_the_drawn_training_captions_only(data):
+    task = _task(data, caption_dropout=0.5)
+    train = task.train_dataset()
+    items = [train[i] for i in range(12)]
+    batch = task.collate(items, np.random.default_rng(3))
+    dropped = np.random.default_rng(3).random(12) < 0.5  # the collate's draw, made independently
+    assert 0 < dropped.sum() < 12
+    plain = _task(data).collate([train[i][:3] + (0.0,) for i in range(12)], np.random.default_rng(3))
+    for row in range(12):
+        if dropped[row]:  # "<bos> <eos>" then padding
+            assert task.vocab.decode(batch["text"][row].tolist()) == ""
+            assert batch["padding"][row].tolist() == [False, False] + [True] * 6
+        else:
+            assert torch.equal(batch["text"][row], plain["text"][row])
+            assert torch.equal(batch["padding"][row], plain["padding"][row])
+    assert torch.equal(batch["image"], plain["image"])  # images always kept
+    # validation pairs keep their captions whatever the draw
+    valid = task.valid_dataset()
+    kept = task.collate([valid[i] for i in range(len(valid))], np.random.default_rng(3))
+    assert all(task.vocab.decode(t.tolist()) for t in kept["text"])
+
+
+def test_caption_dropout_of_one_is_a_one_line_error(data, capsys):
+    from pipelines.cli import main
+
+    args = ["generate", "train", "--features", str(data / "store"), "--captions",
+            str(data / "captions.json"), "--tokenizer", str(data / "tok"), "--out", str(data / "run"),
+            "--caption-dropout", "1"]  # fmt: skip
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert "caption_dropout" in err and len(err.splitlines()) == 1
+    assert not (data / "run" / "checkpoints").exists()

@@ -66,12 +66,28 @@ def test_the_same_seed_draws_the_same_images(drawing_only):
     assert [e["sample"] for e in a["images"]] == [0, 1]  # none keeps the sampling order
 
 
+def test_guidance_draws_what_the_guided_sampler_draws(drawing_only, dalle_run):
+    model = TextToImageModel.load(dalle_run)
+    tokens = sample_tokens(model, PROMPT, SampleSettings(n=2, top_p=0.9, seed=3, guidance=50.0))
+    # the tiny model's prompt effect is small: a large scale makes the guided draw differ from the plain one
+    assert not torch.equal(tokens, sample_tokens(model, PROMPT, SampleSettings(n=2, top_p=0.9, seed=3)))
+    fields = {"prompt": PROMPT, "n": "2", "seed": "3", "rerank": "none", "guidance": "50"}
+    body = drawing_only.post("/api/generate", data=fields).json()
+    assert body["guidance"] == 50.0
+    with torch.no_grad():
+        expected = (model.dvae.decode(tokens.view(2, 4, 4)).clamp(0, 1) * 255).round().to(torch.uint8)
+    pictures = images_of(body)
+    assert len(pictures) == 2
+    assert all(np.array_equal(p, e.permute(1, 2, 0).numpy()) for p, e in zip(pictures, expected, strict=True))
+
+
 @pytest.mark.parametrize(
     ("fields", "status", "message"),
     [
         ({"prompt": "  "}, 400, "prompt is empty"),
         ({"prompt": PROMPT, "n": "0"}, 400, "n must be between 1 and 16"),
         ({"prompt": PROMPT, "top_p": "1.5"}, 400, "top_p"),
+        ({"prompt": PROMPT, "guidance": "-1"}, 400, "guidance must lie in [0, 100]"),
         ({"prompt": PROMPT, "rerank": "clip"}, 400, "rerank must be one of"),
         ({"prompt": PROMPT, "rerank": "captioner"}, 400, "--caption-checkpoint"),
     ],
