@@ -22,7 +22,7 @@ class DVAEConfig(PresetConfig):
         # Ramesh et al. 2021, appendix A: 256 x 256 -> 32 x 32 tokens of 8192, n_hid 256, 2 blocks per group,
         # tau 1 -> 1/16 over 150k updates, beta 0 -> 6.6 over 5k updates.
         "paper": {},
-        # 64 x 64 -> 8 x 8 tokens: trains on 2 CPU cores in minutes. At the budget (600 steps of 16
+        # 64 x 64 -> 8 x 8 tokens: trains on 2 CPU cores in minutes. At the first budget (600 steps of 16
         # images) the paper's recipe collapses onto a few codes that drop the objects' colours; what keeps
         # them is the encoder's logits scaled by 10, squared error without the KL term, and a plain
         # softmax annealed to one-hot (1000 demo scenes, 600 steps: the colour of 95 % of held-out objects
