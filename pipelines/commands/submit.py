@@ -12,15 +12,17 @@ EPILOG = """\
 example: xmodal submit --address http://HEAD:8265 -- extract /data/images --out /data/feats.lmdb
 
 The working dir (default: .) is uploaded without caches (.venv, .git, runs, ...), weights (*.pt, *.bin,
-*.safetensors, *.pkl, ...) and data (*.lmdb, *.h5, *.tsv, images, archives), which --include PATTERN puts
-back, and never with secrets (.env*, .ssh/, SSH keys, *.pem, *.key, .netrc, cloud credentials, tokens) or
-links that leave the folder or point to folders. What goes up, its size and what stayed home are printed
-first, and more than Ray's upload limit (512 MiB) is refused before sending. Then
-`python -m pipelines COMMAND...` (that is, `xmodal COMMAND...` from the uploaded code) runs on the head
-with the cluster's Python, in a temporary copy of the working dir that Ray deletes afterwards. So before
-anything is sent: --out must be absolute (a path on the cluster's shared storage), and a relative input
-must be inside the working dir and uploaded (it is then given relative to it); absolute paths are the
-cluster's. Logs stream here; the exit status is the job's, and a job that succeeds ends with one line
+*.safetensors, *.pkl, ...) and data (*.lmdb, *.h5, *.tsv, images, archives, *.whl; any case: .JPG too),
+which --include PATTERN puts back, and never with secrets (.env*, .ssh/, SSH keys, *.pem, *.key, .netrc,
+cloud credentials, tokens), links that leave the folder or point to folders, or files hard-linked from
+outside it. The package is zipped here from exactly the files listed. What goes up, its size and what
+stayed home are printed first; --dry-run prints every file and the command as it will run, and sends
+nothing. Then `python -m pipelines COMMAND...` (that is, `xmodal COMMAND...` from the uploaded code) runs
+on the head with the cluster's Python, in a temporary copy of the working dir that Ray deletes
+afterwards. So before anything is sent, and all listed at once: more than Ray's upload limit (512 MiB)
+is refused, --out must be absolute (a path on the cluster's shared storage), and a relative input must
+exist, be inside the working dir and be uploaded (it is then given relative to it); absolute paths are
+the cluster's. Logs stream here; the exit status is the job's, and a job that succeeds ends with one line
 naming its outputs on the cluster. Ctrl-C stops following, not the job. Clusters with token auth
 (Ray >= 2.60) get the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.
 """
@@ -45,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-wait", dest="wait", action="store_false", help="return once the job is accepted"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print every file to upload, what stays home and the command as it will run; send nothing",
     )
     parser.add_argument("--submission-id", help="the job's id (default: Ray picks one)")
     parser.add_argument(
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             "nothing to submit: give the xmodal command after `--`, e.g. -- extract images/ --out f.lmdb"
         )
         return 1
-    if not args.address:
+    if not args.address and not args.dry_run:
         log.error("--address is required (the Ray dashboard, e.g. http://HEAD:8265)")
         return 1
     try:
@@ -95,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             wait=args.wait,
             include=args.include,
             options=options,
+            dry_run=args.dry_run,
         )
     except (ConnectionError, FileNotFoundError, ValueError) as exc:
         log.error("%s", exc)

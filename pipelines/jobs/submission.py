@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.jobs.job_paths import resolve_job_paths
-from pipelines.jobs.upload import Upload, plan_upload
+from pipelines.jobs.job_paths import refusals, resolve_job_paths
+from pipelines.jobs.upload import plan_upload, write_package
 
 log = logging.getLogger(__name__)
 
@@ -49,38 +51,35 @@ def submit_job(
     include: Sequence[str] = (),
     options: JobOptions | None = None,
     words: int = 0,
+    dry_run: bool = False,
 ) -> int:
     """Submit `xmodal ARGV...`; with `wait`, stream its logs and return its exit status, else return 0.
 
     The working dir goes up without secrets, weights and data (`pipelines.jobs.upload`; `include` patterns
-    put some back); what goes up is said first, and an upload over Ray's limit is refused before sending,
-    as is a path argument the job could not see or would lose (`pipelines.jobs.job_paths`). A job that
-    succeeds ends with one line saying where its outputs are on the cluster. The first `words` tokens of
-    `argv` are the command's words (`vocab build`), never paths."""
-    import requests
-    from ray.job_submission import JobSubmissionClient
-
-    from pipelines.jobs.ray_runtime import enable_token_auth_if_available
-
+    put some back), as a package zipped here from the plan's own list; what goes up is said first. An
+    upload over Ray's limit and every path argument the job could not see or would lose
+    (`pipelines.jobs.job_paths`) are refused together before anything is sent. `dry_run` prints the plan
+    (every file, what stayed home, the command as it will run) and sends nothing. A job that succeeds ends
+    with one line saying where its outputs are on the cluster. The first `words` tokens of `argv` are the
+    command's words (`vocab build`), never paths."""
     options = options or JobOptions()
-    upload = plan_upload(working_dir, include)
-    paths = resolve_job_paths(argv, upload, words=words)
-    env = runtime_env(upload, options.runtime_env)
-    print(upload.describe(), file=sys.stderr, flush=True)
-    enable_token_auth_if_available()
+    upload = plan_upload(working_dir, include, strict=False)
+    paths = resolve_job_paths(argv, upload, words=words, strict=False)
+    refused = [*filter(None, [upload.over_limit()]), *paths.refused]
     try:
-        client = JobSubmissionClient(address)
-        job_id = client.submit_job(
-            entrypoint=entrypoint(paths.argv),
-            runtime_env=env,
-            submission_id=options.submission_id,
-            entrypoint_num_cpus=options.entrypoint_num_cpus,
-            entrypoint_num_gpus=options.entrypoint_num_gpus,
-            entrypoint_memory=options.entrypoint_memory,
-        )
-    except (RuntimeError, requests.RequestException) as exc:  # refusals: "Request failed with status 500"
-        reason = " ".join(str(exc).split())
-        raise ConnectionError(f"{address}: the Ray Jobs API did not take the job: {reason}") from None
+        env = runtime_env(options.runtime_env)
+    except ValueError as exc:
+        refused.append(str(exc))
+    if refused:
+        raise ValueError(refusals(refused))
+    if dry_run:
+        print(plan_text(upload.listing(), upload.describe(), paths.argv, env))
+        return 0
+    print(upload.describe(), file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="xmodal-submit-") as scratch:
+        # a local zip as working_dir: Ray's client uploads it as it is, as gcs://_ray_pkg_<sha1>.zip
+        package = write_package(upload, Path(scratch) / "working_dir.zip")
+        client, job_id = _submit(address, paths.argv, {"working_dir": str(package), **env}, options)
     shown = shlex.join(paths.argv)
     print(f"submitted Ray Job {job_id} to {address}: xmodal {shown}", file=sys.stderr, flush=True)
     if not wait:
@@ -105,6 +104,40 @@ def submit_job(
     return int(code) if code else 1
 
 
+def _submit(address: str, argv: list[str], env: dict, options: JobOptions):
+    """The client and the job's id, once the Jobs API took the package and the job."""
+    import requests
+    from ray.job_submission import JobSubmissionClient
+
+    from pipelines.jobs.ray_runtime import enable_token_auth_if_available
+
+    enable_token_auth_if_available()
+    try:
+        client = JobSubmissionClient(address)
+        job_id = client.submit_job(
+            entrypoint=entrypoint(argv),
+            runtime_env=env,
+            submission_id=options.submission_id,
+            entrypoint_num_cpus=options.entrypoint_num_cpus,
+            entrypoint_num_gpus=options.entrypoint_num_gpus,
+            entrypoint_memory=options.entrypoint_memory,
+        )
+    except (RuntimeError, requests.RequestException) as exc:  # refusals: "Request failed with status 500"
+        reason = " ".join(str(exc).split())
+        raise ConnectionError(f"{address}: the Ray Jobs API did not take the job: {reason}") from None
+    return client, job_id
+
+
+def plan_text(listing: str, summary: str, argv: list[str], env: dict) -> str:
+    """`--dry-run`'s output: every file to upload, what stayed home, and the job as it would be sent."""
+    return (
+        f"{listing}\n{summary}\n"
+        f"command (run in the uploaded folder): {entrypoint(argv)}\n"
+        f"runtime env (besides the uploaded folder): {json.dumps(env, sort_keys=True)}\n"
+        "dry run: nothing was sent"
+    )
+
+
 def outputs_line(job_id: str, outputs: Sequence[str]) -> str:
     """The last line of a job that succeeded: where its outputs are and how to fetch them."""
     if not outputs:
@@ -117,9 +150,10 @@ def outputs_line(job_id: str, outputs: Sequence[str]) -> str:
     )
 
 
-def runtime_env(upload: Upload, extra: Mapping[str, Any] | None = None) -> dict:
-    """The Ray Job's runtime_env: the planned working dir, with the excludes the plan was made with, and
-    the user's own `extra` keys (pip, env_vars, ...) over it; its env_vars merge with ours."""
+def runtime_env(extra: Mapping[str, Any] | None = None) -> dict:
+    """The Ray Job's runtime_env but its working dir (the planned package): the user's own `extra` keys
+    (pip, env_vars, ...), env_vars merged with ours. Setting the working dir or excludes, or local
+    `py_modules` (Ray would zip them by its own walk, past the upload rules), is refused."""
     extra = dict(extra or {})
     taken = sorted({"working_dir", "excludes"} & extra.keys())
     if taken:
@@ -127,13 +161,16 @@ def runtime_env(upload: Upload, extra: Mapping[str, Any] | None = None) -> dict:
             f"the runtime env sets {', '.join(taken)}, which xmodal sets from --working-dir and its upload "
             "rules; use --working-dir and --include instead"
         )
+    modules = extra.get("py_modules") or []
+    modules = [modules] if isinstance(modules, str | Path) else modules
+    local = [str(module) for module in modules if "://" not in str(module)]
+    if local:
+        raise ValueError(
+            f"the runtime env's py_modules names local paths ({', '.join(local)}), which would go up "
+            "without xmodal's upload rules; put them in --working-dir, or give URIs"
+        )
     env_vars = {"PYTHONUNBUFFERED": "1", **dict(extra.pop("env_vars", None) or {})}
-    return {
-        "working_dir": str(upload.root),
-        "excludes": list(upload.excludes),
-        **extra,
-        "env_vars": env_vars,
-    }
+    return {**extra, "env_vars": env_vars}
 
 
 async def _stream_logs(client, job_id: str) -> None:

@@ -1,15 +1,19 @@
 """What `xmodal submit` uploads as the Ray Job's working dir: the code, never secrets, weights or data
-unless asked for; listed, sized and refused over Ray's limit before anything is sent."""
+unless asked for; listed, sized and refused over Ray's limit before anything is sent, then packaged from
+that list alone (`write_package`), never by a walk of its own."""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
+import shutil
 import stat
+import zipfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,13 @@ GUARDED = {
         "*.tar",
         "*.tgz",
         "*.gz",
+        "*.xz",
+        "*.bz2",
+        "*.zst",
+        "*.7z",
+        "*.rar",
+        "*.whl",
+        "*.egg",
         "*.jpg",
         "*.jpeg",
         "*.png",
@@ -100,24 +111,56 @@ MAX_ENTRIES = 100_000  # files and folders looked at before the walk gives up: a
 NEVER = {
     "secret": "keys and credential files",
     "link": "links leaving the folder or to folders",
+    "hardlink": "files hard-linked from outside the folder",
     "unreadable": "unreadable",
     "special": "pipes, sockets and devices",
 }
 
 
+class Source(NamedTuple):
+    """The file a planned name is read from (itself, or the file inside the folder a link names), as
+    the plan saw it: the package refuses any other file found there later."""
+
+    path: str
+    device: int
+    inode: int
+    links: int
+
+
 @dataclass
 class Upload:
-    """The files Ray will package from `root` (relative POSIX paths and sizes), the `excludes` that make it
-    do so, and what was left out, by kind (secret, link, unreadable, special, weights, data)."""
+    """The files to package from `root` (relative POSIX paths and sizes), the patterns the plan was made
+    with, and what was left out, by kind (secret, link, hardlink, unreadable, special, weights, data)."""
 
     root: Path
     excludes: list[str]
     files: dict[str, int] = field(default_factory=dict)
     left_out: dict[str, list[str]] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict, repr=False)
+    limit: int | None = None
 
     @property
     def total_bytes(self) -> int:
         return sum(self.files.values())
+
+    def over_limit(self) -> str | None:
+        """Why the upload is refused for its size (naming the largest files), or None."""
+        if self.limit is None or self.total_bytes < self.limit:
+            return None
+        largest = sorted(self.files.items(), key=lambda kv: -kv[1])[:3]
+        shown = ", ".join(f"{name} ({_mib(size)})" for name, size in largest)
+        return (
+            f"--working-dir {self.root} holds {_mib(self.total_bytes)} to upload, over Ray's "
+            f"{_mib(self.limit)} limit (largest: {shown}); move them out, or list them in "
+            f"{self.root / '.rayignore'}"
+        )
+
+    def listing(self) -> str:
+        """Every file to upload with its size, then every file left out, by kind: `--dry-run`'s plan."""
+        lines = [f"{size:>12,}  {name}" for name, size in sorted(self.files.items())]
+        for kind, paths in self.left_out.items():
+            lines += [f"{'left out':>12}  {path}  ({kind})" for path in sorted(paths)]
+        return "\n".join(lines)
 
     def describe(self) -> str:
         """One line: what goes up, its size, and what stayed home."""
@@ -134,10 +177,12 @@ class Upload:
 
 
 def upload_excludes(include: Sequence[str] = ()) -> list[str]:
-    """The runtime_env `excludes`: caches, weights and data, `include` patterns re-included, then secrets
-    (after the includes, so that none of them can put a key back)."""
-    guarded = [pattern for patterns in GUARDED.values() for pattern in patterns]
-    return [*CACHES, *guarded, *(f"!{pattern}" for pattern in include), *SECRETS]
+    """The plan's gitignore-style excludes: caches, weights and data, `include` patterns re-included, then
+    secrets (after the includes, so that none of them can put a key back). Weights, data, secrets and
+    includes match whatever the case of their letters (`photo.JPG`, `ID_RSA`)."""
+    guarded = [_any_case(pattern) for patterns in GUARDED.values() for pattern in patterns]
+    included = [f"!{_any_case(pattern)}" for pattern in include]
+    return [*CACHES, *guarded, *included, *(_any_case(pattern) for pattern in SECRETS)]
 
 
 def plan_upload(
@@ -145,15 +190,16 @@ def plan_upload(
     include: Sequence[str] = (),
     limit: int | None = None,
     max_entries: int = MAX_ENTRIES,
+    strict: bool = True,
 ) -> Upload:
-    """List what Ray will upload from `working_dir` (its own traversal, default excludes, .gitignore and
+    """List what to upload from `working_dir` (Ray's traversal, default excludes, .gitignore and
     .rayignore rules, then ours); ValueError naming the largest files when it exceeds `limit` bytes
-    (default: Ray's upload limit, the gRPC message size), or when the folder holds more than
-    `max_entries` files and folders.
+    (default: Ray's upload limit, the gRPC message size) unless not `strict` (then `over_limit()` says
+    it), or when the folder holds more than `max_entries` files and folders.
 
     Links are never followed out of the folder: a link whose target is outside it, a folder, missing, or
-    a file left out by the rules is left out itself, as are unreadable files and folders and pipes,
-    sockets and devices. Each gets an exact exclude, so Ray's own walk (which follows links) skips it too.
+    a file left out by the rules is left out itself, as are files with a hard link outside the folder
+    (more links than names for them here), unreadable files and folders and pipes, sockets and devices.
     """
     from ray._private import ray_constants
     from ray._private.runtime_env import packaging
@@ -163,12 +209,16 @@ def plan_upload(
     if not root.is_dir():
         raise FileNotFoundError(f"--working-dir {root} is not a folder")
     excludes = upload_excludes(include)
-    upload = Upload(root, excludes)
+    limit = packaging.GCS_STORAGE_MAX_SIZE if limit is None else limit
+    upload = Upload(root, excludes, limit=limit)
     spec = PathSpec.from_lines("gitwildmatch", ray_constants.get_runtime_env_default_excludes() + excludes)
-    kinds = {"secret": PathSpec.from_lines("gitwildmatch", SECRETS)} | {
-        kind: PathSpec.from_lines("gitwildmatch", patterns) for kind, patterns in GUARDED.items()
+    kinds = {"secret": SECRETS, **GUARDED}
+    kinds = {
+        kind: PathSpec.from_lines("gitwildmatch", [_any_case(p) for p in patterns])
+        for kind, patterns in kinds.items()
     }
     seen = 0
+    names: Counter[tuple[int, int]] = Counter()  # hard links to each file found in the folder
 
     def kind_of(relative: str) -> str | None:
         return next((k for k, s in kinds.items() if s.match_file(relative)), None)
@@ -213,30 +263,97 @@ def plan_upload(
         if kind is None:
             return False
         upload.left_out.setdefault(kind, []).append(relative)
-        upload.excludes.append(_literal(relative))
         return True
 
     def take(path: Path) -> None:
-        if path.is_file():
-            upload.files[path.relative_to(root).as_posix()] = path.stat().st_size
+        info = path.lstat()
+        if stat.S_ISDIR(info.st_mode):
+            return
+        relative = path.relative_to(root).as_posix()
+        source = relative
+        if stat.S_ISLNK(info.st_mode):  # a link to a file inside the folder: that file goes up under its name
+            target = path.resolve(strict=True)
+            source, info = target.relative_to(root).as_posix(), target.lstat()
+        else:
+            names[info.st_dev, info.st_ino] += 1
+        upload.files[relative] = info.st_size
+        upload.sources[relative] = Source(source, info.st_dev, info.st_ino, info.st_nlink)
 
     include_gitignore = os.environ.get(ray_constants.RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
     packaging._dir_travel(root, [excluded], take, include_gitignore=include_gitignore, logger=log)
-    limit = packaging.GCS_STORAGE_MAX_SIZE if limit is None else limit
-    if upload.total_bytes >= limit:
-        largest = sorted(upload.files.items(), key=lambda kv: -kv[1])[:3]
-        shown = ", ".join(f"{name} ({_mib(size)})" for name, size in largest)
-        raise ValueError(
-            f"--working-dir {root} holds {_mib(upload.total_bytes)} to upload, over Ray's {_mib(limit)} "
-            f"limit (largest: {shown}); move them out, or list them in {root / '.rayignore'}"
-        )
+    for relative, source in list(upload.sources.items()):
+        # more hard links than names for the file here: another name (a key?) lives outside the folder,
+        # or a link names a file the rules left out
+        if source.links > names[source.device, source.inode]:
+            del upload.files[relative], upload.sources[relative]
+            upload.left_out.setdefault("hardlink" if source.links > 1 else "link", []).append(relative)
+    if strict and (refused := upload.over_limit()):
+        raise ValueError(refused)
     return upload
 
 
-def _literal(relative: str) -> str:
-    """A gitignore pattern matching exactly `relative` (and what is under it) from the root: glob
-    characters escaped, spaces as [ ] (a trailing escaped space would be stripped)."""
-    return "/" + re.sub(r"([\\\[\]*?!#])", r"\\\1", relative).replace(" ", "[ ]")
+def write_package(upload: Upload, destination: str | Path) -> Path:
+    """Zip exactly the planned files into `destination` (a working_dir package, as Ray's own, without a
+    top folder): each opened without following any link, and refused unless it is still the regular file
+    the plan listed. Deterministic, so that the same code is the same package (Ray uploads it once)."""
+    destination = Path(destination)
+    root = os.open(upload.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with zipfile.ZipFile(destination, "w", zipfile.ZIP_DEFLATED) as package:
+            for name in sorted(upload.files):
+                source = upload.sources[name]
+                with os.fdopen(_open_planned(root, source, upload.root), "rb") as file:
+                    member = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                    member.compress_type = zipfile.ZIP_DEFLATED
+                    mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+                    member.external_attr = (stat.S_IFREG | mode) << 16
+                    with package.open(member, "w", force_zip64=True) as out:
+                        shutil.copyfileobj(file, out, 1 << 20)
+    finally:
+        os.close(root)
+    return destination
+
+
+def _open_planned(root: int, source: Source, shown: Path) -> int:
+    """A descriptor of `source` under the folder `root`, each part opened without following links."""
+    parts = source.path.split("/")
+    folders: list[int] = []
+    try:
+        parent = root
+        for part in parts[:-1]:
+            parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+            folders.append(parent)
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+    except OSError as exc:
+        raise ValueError(
+            f"{shown / source.path} changed after it was listed ({exc.strerror}); submit again"
+        ) from None
+    finally:
+        for folder in folders:
+            os.close(folder)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (source.device, source.inode):
+        os.close(fd)
+        raise ValueError(f"{shown / source.path} changed after it was listed; submit again")
+    return fd
+
+
+def _any_case(pattern: str) -> str:
+    """`pattern` matching names whatever the case of their letters: `*.jpg` -> `*.[jJ][pP][gG]`."""
+    out, bracket, i = [], False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":  # an escaped character stays as written
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if bracket or not char.isalpha() or char.lower() == char.upper():
+            out.append(char)
+            bracket = (bracket and char != "]") or (not bracket and char == "[")
+        else:
+            out.append(f"[{char.lower()}{char.upper()}]")
+        i += 1
+    return "".join(out)
 
 
 def _mib(size: int) -> str:

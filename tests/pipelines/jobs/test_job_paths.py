@@ -50,12 +50,14 @@ def test_inputs_left_out_of_the_upload_or_outside_it_are_refused(project: Path, 
 
 def test_uploaded_inputs_are_rewritten_for_the_jobs_working_dir(project: Path) -> None:
     upload = plan_upload(project)
-    argv = ["pretrain", "--config", "run.yaml", "--train", "../data/train.json", "x.json", "--lr", "-1e-5"]
+    argv = ["pretrain", "--config", "run.yaml", "--train", "../data/train.json", "x-large", "--lr", "-1e-5"]
     argv += ["--features", "/data/f.lmdb", "--out", "/runs/a", "--vocab", "bert-base-uncased", "s3://b/c"]
+    argv += ["model.name=unc-nlp/lxmert-base-uncased", "model.dtype=torch.float16"]
     paths = resolve_job_paths(argv, upload, cwd=project / "configs")
     assert paths.argv == [
-        "pretrain", "--config", "configs/run.yaml", "--train", "data/train.json", "x.json", "--lr", "-1e-5",
+        "pretrain", "--config", "configs/run.yaml", "--train", "data/train.json", "x-large", "--lr", "-1e-5",
         "--features", "/data/f.lmdb", "--out", "/runs/a", "--vocab", "bert-base-uncased", "s3://b/c",
+        "model.name=unc-nlp/lxmert-base-uncased", "model.dtype=torch.float16",
     ]  # fmt: skip
     assert paths.outputs == ["/runs/a"]
 
@@ -90,3 +92,27 @@ def test_command_words_are_never_paths_even_where_a_folder_has_their_name(projec
     argv = ["finetune", "vqa", "--init", "build", "--out", "/runs/v"]
     with pytest.raises(ValueError, match=r"^--init build: build/weights.pkl is not uploaded"):
         resolve_job_paths(argv, upload, cwd=project, words=command_words(argv))
+
+
+@pytest.mark.parametrize("value", ["missing.json", "images/", "./imgs", "data/typo.json", "data/nope"])
+def test_a_relative_input_that_names_nothing_here_is_refused_naming_it(project: Path, value: str) -> None:
+    upload = plan_upload(project)
+    with pytest.raises(ValueError, match=rf"^--train {value}: no such file or folder here \(") as refused:
+        resolve_job_paths(["pretrain", "--train", value, "--out", "/runs/a"], upload, cwd=project)
+    assert "\n" not in str(refused.value)
+
+
+def test_every_refusal_is_listed_at_once(project: Path, tmp_path: Path, monkeypatch, caplog, capsys) -> None:
+    (tmp_path / "outside.json").write_text("[]")
+    monkeypatch.chdir(project)
+    argv = ["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(project), "--", "pretrain"]
+    argv += ["--train", "missing.json", "../outside.json", "--features", "data/feats.lmdb", "--out", "runs/x"]
+    assert main(argv) == 1
+    (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    lines = error.splitlines()
+    assert lines[0] == "4 problems, nothing sent:"
+    assert lines[1].startswith("  - --train missing.json: no such file or folder here")
+    assert lines[2].startswith("  - argument ../outside.json is ") and "outside the uploaded" in lines[2]
+    assert lines[3].startswith("  - --features data/feats.lmdb: data/feats.lmdb/data.mdb is not uploaded")
+    assert lines[4].startswith("  - --out runs/x is a relative path")
+    assert "uploading" not in capsys.readouterr().err, "refused before the upload"

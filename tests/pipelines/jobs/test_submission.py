@@ -299,3 +299,138 @@ def test_extract_no_progress_turns_the_bar_off(flags, progress, tmp_path, monkey
     monkeypatch.setattr(extract, "run_extract", stop)
     assert main(["extract", str(tmp_path), "--out", str(tmp_path / "f.lmdb"), *flags]) == 1
     assert [cfg.progress for cfg in seen] == [progress]
+
+
+class StandInJobsAPI(http.server.ThreadingHTTPServer):
+    """A Ray Jobs API on 127.0.0.1 that keeps what it is sent: packages by name, jobs as JSON."""
+
+    def __init__(self):
+        self.packages: dict[str, bytes] = {}
+        self.jobs: list[dict] = []
+        self.requests: list[str] = []
+        super().__init__(("127.0.0.1", 0), _StandInHandler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+        self.thread.join(timeout=5)
+
+
+class _StandInHandler(http.server.BaseHTTPRequestHandler):
+    def _reply(self, code: int, body: dict | None = None):
+        data = json.dumps(body or {}).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def do_GET(self):
+        self.server.requests.append(f"GET {self.path}")
+        if self.path == "/api/version":
+            return self._reply(200, {"version": "4", "ray_version": "2.60.0", "ray_commit": "x"})
+        name = self.path.rsplit("/", 1)[-1]
+        self._reply(200 if name in self.server.packages else 404)
+
+    def do_PUT(self):
+        self.server.requests.append(f"PUT {self.path}")
+        self.server.packages[self.path.rsplit("/", 1)[-1]] = self._body()
+        self._reply(200)
+
+    def do_POST(self):
+        self.server.requests.append(f"POST {self.path}")
+        self.server.jobs.append(json.loads(self._body()))
+        self._reply(200, {"job_id": "raysubmit_standin", "submission_id": "raysubmit_standin"})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def no_ray_token(tmp_path, monkeypatch):
+    """A home without a Ray token: the stand-in server must never see this machine's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+@pytest.fixture
+def hostile_folder(tmp_path):
+    """A code folder holding links whose names end in TAB or CR, to a fake key and a fake /etc outside."""
+    outside = tmp_path / "outside"
+    (outside / "ssh").mkdir(parents=True)
+    (outside / "ssh" / "id_fake").write_text("FAKE PRIVATE KEY, made by the test")
+    (outside / "etc").mkdir()
+    (outside / "etc" / "passwd").write_text("FAKE ETC FILE")
+    root = tmp_path / "work"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "code.py").write_text("print('the code')")
+    (root / "key\t").symlink_to(outside / "ssh" / "id_fake")
+    (root / "etc\r").symlink_to(outside / "etc")
+    (root / "pkg" / "notes\t\r").symlink_to(outside / "ssh" / "id_fake")
+    (root / "ssh ").symlink_to(outside / "ssh")
+    return root
+
+
+def test_the_jobs_api_receives_exactly_the_planned_files_never_a_link_target(
+    hostile_folder, no_ray_token, capsys
+):
+    import hashlib
+    import io
+    import zipfile
+
+    argv = ["submit", "--no-wait", "--working-dir", str(hostile_folder)]
+    job = ["--", "vocab", "build", "/data/corpus.txt", "--out", "/runs/vocab.txt"]
+    with StandInJobsAPI() as api:
+        assert main([*argv, "--address", api.address, *job]) == 0
+    plan = capsys.readouterr().err
+    assert "uploading 1 files" in plan and "left out: 4 link (" in plan
+    ((name, package),) = api.packages.items()
+    with zipfile.ZipFile(io.BytesIO(package)) as received:
+        contents = {member: received.read(member) for member in received.namelist()}
+    assert not [member for member, body in contents.items() if b"FAKE" in body], "a link target went up"
+    assert contents == {"pkg/code.py": b"print('the code')"}
+    # the package Ray's client sent is the zip written from the plan, named by its own hash
+    assert name == f"_ray_pkg_{hashlib.sha1(package).hexdigest()}.zip"
+    ((sent,),) = [api.jobs]
+    assert sent["runtime_env"]["working_dir"] == f"gcs://{name}"
+    assert shlex.split(sent["entrypoint"]) == ["python", "-m", "pipelines", *job[1:]]
+
+
+def test_dry_run_prints_every_file_and_the_command_and_sends_nothing(
+    hostile_folder, no_ray_token, monkeypatch, capsys
+):
+    (hostile_folder / "configs").mkdir()
+    (hostile_folder / "configs" / "run.yaml").write_text("train: {lr: 1.0e-4}\n")
+    (hostile_folder / "photo.JPG").write_bytes(b"\0")
+    monkeypatch.chdir(hostile_folder / "configs")
+    job = ["pretrain", "--config", "run.yaml", "--train", "/data/t.json", "--out", "/runs/p"]
+    with StandInJobsAPI() as api:
+        argv = ["submit", "--dry-run", "--address", api.address, "--working-dir", str(hostile_folder)]
+        assert main([*argv, "--", *job]) == 0
+        assert main(["submit", "--dry-run", "--working-dir", str(hostile_folder), "--", *job]) == 0
+    assert api.requests == []
+    out = capsys.readouterr().out.split("dry run: nothing was sent\n")[0]
+    lines = out.splitlines()
+    assert [line.split()[-1] for line in lines[:2]] == ["configs/run.yaml", "pkg/code.py"]
+    assert any(line.split() == ["left", "out", "photo.JPG", "(data)"] for line in lines)
+    assert any("key\t" in line and line.endswith("(link)") for line in lines)
+    assert (
+        "command (run in the uploaded folder): python -m pipelines pretrain --config configs/run.yaml "
+        "--train /data/t.json --out /runs/p"
+    ) in lines

@@ -1,6 +1,5 @@
 """What `xmodal submit` uploads, checked offline: secrets, weights and data stay home unless included, the
-list equals what Ray itself packages with the same excludes, and an upload over the limit is refused
-before any connection."""
+package holds exactly the planned list, and an upload over the limit is refused before any connection."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.jobs import submission
-from pipelines.jobs.upload import plan_upload
+from pipelines.jobs.upload import plan_upload, write_package
 
 CODE = ["pyproject.toml", "pipelines/cli.py", "pipelines/data/text.py", "configs/run.yaml", "tokenizer.py"]
 SECRETS = [
@@ -41,18 +40,14 @@ def tree(tmp_path):
     return root
 
 
-def _ray_packs(root, excludes, tmp_path) -> set[str]:
-    """The files Ray's own packaging zips from `root` with `excludes` (what the upload sends)."""
-    from ray._private import ray_constants
-    from ray._private.runtime_env.packaging import _zip_files
-
+def _packed(upload, tmp_path) -> dict[str, bytes]:
+    """What the package sent to the Jobs API holds: member name -> contents."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    out = tmp_path / "pkg.zip"
-    _zip_files(str(root), ray_constants.get_runtime_env_default_excludes() + excludes, str(out), True)
-    return {n for n in zipfile.ZipFile(out).namelist() if not n.endswith("/")}
+    with zipfile.ZipFile(write_package(upload, tmp_path / "pkg.zip")) as package:
+        return {name: package.read(name) for name in package.namelist()}
 
 
-def test_only_the_code_goes_up_and_ray_agrees(tree, tmp_path):
+def test_only_the_code_goes_up_and_the_package_holds_it(tree, tmp_path):
     upload = plan_upload(tree)
     assert set(upload.files) == set(CODE) | {".gitignore"}
     assert upload.total_bytes == 100 * len(CODE) + len(".gitignore: configs/local.yaml") - 11
@@ -60,7 +55,8 @@ def test_only_the_code_goes_up_and_ray_agrees(tree, tmp_path):
     assert set(upload.left_out["secret"]) == secrets
     assert set(upload.left_out["weights"]) == set(WEIGHTS)
     assert set(upload.left_out["data"]) == {"feats.lmdb", "data/train.tsv", "images/cat.jpg"}
-    assert set(upload.files) == _ray_packs(tree, upload.excludes, tmp_path)
+    packed = _packed(upload, tmp_path)
+    assert set(packed) == set(upload.files) and packed["pyproject.toml"] == b"x" * 100
     line = upload.describe()
     assert line.startswith(f"uploading 6 files (0.0 MiB, uncompressed) from {tree}; left out: 6 secret (")
     assert "--include PATTERN" in line and "\n" not in line
@@ -69,7 +65,7 @@ def test_only_the_code_goes_up_and_ray_agrees(tree, tmp_path):
 def test_include_puts_a_file_back(tree, tmp_path):
     upload = plan_upload(tree, include=["weights/*.safetensors"])
     assert "weights/model.safetensors" in upload.files and ".env" not in upload.files
-    assert set(upload.files) == _ray_packs(tree, upload.excludes, tmp_path)
+    assert set(_packed(upload, tmp_path)) == set(upload.files)
 
 
 def test_over_the_limit_is_refused_before_connecting(tree, monkeypatch, caplog):
@@ -88,27 +84,26 @@ def test_over_the_limit_is_refused_before_connecting(tree, monkeypatch, caplog):
     assert "over Ray's" in record.getMessage() and record.exc_info is None
 
 
-def test_the_runtime_env_carries_the_planned_excludes(tree):
+def test_secrets_come_after_the_included_patterns(tree):
     upload = plan_upload(tree, include=["*.pt"])
-    env = submission.runtime_env(upload)
-    assert env["working_dir"] == str(tree) and env["excludes"] == upload.excludes
-    # secrets come after the re-included patterns: the last matching pattern wins
-    assert env["excludes"].index("!*.pt") < env["excludes"].index(".env")
+    # the last matching pattern wins: no include can put a key back
+    assert upload.excludes.index("!*.[pP][tT]") < upload.excludes.index(".[eE][nN][vV]")
 
 
-def test_a_users_runtime_env_merges_over_ours_but_cannot_move_the_working_dir(tree):
-    upload = plan_upload(tree)
-    env = submission.runtime_env(upload, {"pip": ["emoji"], "env_vars": {"HF_HOME": "/cache"}})
-    assert env["pip"] == ["emoji"] and env["working_dir"] == str(tree)
+def test_a_users_runtime_env_merges_over_ours_but_cannot_move_the_working_dir():
+    env = submission.runtime_env({"pip": ["emoji"], "env_vars": {"HF_HOME": "/cache"}})
+    assert env["pip"] == ["emoji"] and "working_dir" not in env
     assert env["env_vars"] == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/cache"}
     with pytest.raises(ValueError, match="working_dir, which xmodal sets from --working-dir"):
-        submission.runtime_env(upload, {"working_dir": "/elsewhere"})
+        submission.runtime_env({"working_dir": "/elsewhere"})
+    with pytest.raises(ValueError, match=r"py_modules names local paths \(\.\./lib\)"):
+        submission.runtime_env({"py_modules": ["../lib", "s3://bucket/m.zip"]})
 
 
 def test_include_never_puts_a_key_back(tree, tmp_path):
     upload = plan_upload(tree, include=["*.key", ".env", "id_*"])
     assert not {"certs/server.key", ".env", "deploy/id_ed25519"} & set(upload.files)
-    assert not {"certs/server.key", ".env", "deploy/id_ed25519"} & _ray_packs(tree, upload.excludes, tmp_path)
+    assert not {"certs/server.key", ".env", "deploy/id_ed25519"} & set(_packed(upload, tmp_path))
     assert "certs/server.key" in upload.left_out["secret"]
 
 
@@ -163,23 +158,88 @@ def test_links_never_leave_the_folder(linked, tmp_path):
     }
     assert set(upload.left_out["secret"]) == {"pkg/.ssh", "pkg/innocent.txt"}
     assert upload.left_out["special"] == ["pipe"]
-    packed = _ray_packs(linked, upload.excludes, tmp_path / "pkg")
-    assert packed == wanted
+    packed = _packed(upload, tmp_path / "pkg")
+    assert set(packed) == wanted and packed["pkg/same_code.py"] == b"print(1)"
     line = upload.describe()
     assert "8 link (" in line and "never go up" in line and "--include" not in line
 
 
-def test_ray_hashes_the_same_files(linked):
-    """Ray hashes the folder (its own walk, which follows links) before packing it: with the planned
-    excludes that walk stays inside too, so it ends at once instead of reading /proc."""
-    from ray._private.runtime_env.packaging import get_uri_for_directory
+def test_ray_unpacks_the_package_as_the_working_dir(tree, tmp_path):
+    """The cluster unzips a gcs:// working_dir package without removing a top folder: the package's
+    members land at the job's working dir, as Ray's own packages do."""
+    from ray._private.runtime_env.packaging import get_uri_for_package, unzip_package
 
-    upload = plan_upload(linked)
-    started = time.perf_counter()
-    get_uri_for_directory(str(linked), include_gitignore=True, excludes=upload.excludes)
-    assert time.perf_counter() - started < 2.0  # a hang guard, as above
+    upload = plan_upload(tree)
+    package = write_package(upload, tmp_path / "working_dir.zip")
+    assert get_uri_for_package(package).startswith("gcs://_ray_pkg_")
+    assert write_package(upload, tmp_path / "again.zip").read_bytes() == package.read_bytes()
+    unzip_package(str(package), str(tmp_path / "job"), remove_top_level_directory=False, unlink_zip=False)
+    found = {p.relative_to(tmp_path / "job").as_posix() for p in (tmp_path / "job").rglob("*") if p.is_file()}
+    assert found == set(upload.files)
+
+
+def test_a_file_hard_linked_from_outside_stays_home(tmp_path):
+    """A hard link to a key is the key under another name: a file with more links than names here."""
+    home = tmp_path / "home"
+    home.mkdir()
+    key = home / "id_fake"
+    key.write_text("FAKE PRIVATE KEY, made by the test")
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "code.py").write_text("print(1)")
+    os.link(key, root / "hard.txt")
+    (root / "twin_a.txt").write_text("both names are inside")
+    os.link(root / "twin_a.txt", root / "twin_b.txt")
+    (root / "via_link.txt").symlink_to("hard.txt")  # a link inside to the hard link: home too
+    upload = plan_upload(root)
+    assert set(upload.files) == {"code.py", "twin_a.txt", "twin_b.txt"}
+    assert set(upload.left_out["hardlink"]) == {"hard.txt", "via_link.txt"}
+    assert "files hard-linked from outside the folder" in upload.describe()
+    packed = _packed(upload, tmp_path / "pkg")
+    assert set(packed) == set(upload.files)
+    assert not any(b"FAKE PRIVATE KEY" in body for body in packed.values())
+
+
+def test_data_and_archives_stay_home_whatever_their_case(tmp_path):
+    root = tmp_path / "work"
+    (root / "photos" / "2024").mkdir(parents=True)
+    (root / "dist").mkdir()
+    (root / "code.py").write_text("print(1)")
+    names = ["photos/2024/hubble_deep_field.JPG", "photos/a.Png", "dist/xmodal-0.1-py3-none-any.whl"]
+    names += ["dist/src.tar.XZ", "MODEL.PT", "deploy/ID_RSA", "certs/Server.KEY"]
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"\0")
+    upload = plan_upload(root)
+    assert set(upload.files) == {"code.py"}
+    assert set(upload.left_out["data"]) == {*names[:4]}
+    assert upload.left_out["weights"] == ["MODEL.PT"]
+    assert set(upload.left_out["secret"]) == {"deploy/ID_RSA", "certs/Server.KEY"}
+    # the pattern that puts them back matches any case as well; no include puts a key back
+    upload = plan_upload(root, include=["*.jpg", "*.key"])
+    assert set(upload.files) == {"code.py", "photos/2024/hubble_deep_field.JPG"}
 
 
 def test_the_walk_is_bounded(linked):
     with pytest.raises(ValueError, match=r"holds more than 3 files and folders; point it at the code folder"):
         plan_upload(linked, max_entries=3)
+
+
+def test_a_file_swapped_for_a_link_after_the_plan_is_refused(tmp_path):
+    key = tmp_path / "id_fake"
+    key.write_text("FAKE PRIVATE KEY, made by the test")
+    root = tmp_path / "work"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "code.py").write_text("print(1)")
+    upload = plan_upload(root)
+    (root / "pkg" / "code.py").unlink()
+    (root / "pkg" / "code.py").symlink_to(key)
+    with pytest.raises(ValueError, match=r"pkg/code\.py changed after it was listed .*; submit again"):
+        write_package(upload, tmp_path / "pkg.zip")
+    (root / "pkg" / "code.py").unlink()
+    (root / "pkg" / "code.py").write_text("print(1)")
+    upload = plan_upload(root)
+    (root / "pkg").rename(root / "real")
+    (root / "pkg").symlink_to(root / "real")  # the very file planned, but through a link now
+    with pytest.raises(ValueError, match=r"changed after it was listed"):
+        write_package(upload, tmp_path / "pkg.zip")
