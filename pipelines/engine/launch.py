@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from pipelines.engine.trainer import RunStopped, Task, TrainConfig, TrainingRun,
 from pipelines.engine.worker_errors import original_error
 
 STOPPED = "stopped.txt"  # a Ray Train run's workers stopped together on bad input: the line to print
+RAY_RUN = "ray_run.txt"  # the id of the Ray Train run that owns the directory: its restarted workers resume
 
 
 def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:
@@ -23,8 +25,10 @@ def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False)
 
     Run directory: config.yaml (as the run began), history.jsonl (each start and its settings),
     metrics.jsonl, checkpoints/step-N/ (task files + trainer_state.pt), last/, best/ (when the task has a
-    primary metric), curves.png, tensorboard/ (if installed). A resume that changes a setting other than
-    the run's length, placement or logging is refused by name (`run_history.RESUMABLE`)."""
+    primary metric), curves.png, tensorboard/ (if installed), ray_run.txt (on Ray Train: whose restarted
+    workers resume). A resume that changes a setting other than the run's length, placement or logging is
+    refused by name (`run_history.RESUMABLE`); a Ray Train run's own restart after a lost worker is no new
+    start and goes on from its newest checkpoint."""
     out_dir = Path(out_dir)
     # refused here, before any worker starts: on Ray Train a worker's error would be retried
     latest = latest_checkpoint(out_dir / CHECKPOINTS)
@@ -60,6 +64,7 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     storage = ray_storage(cfg, out_dir)
+    run_id = uuid.uuid4().hex
     trainer = TorchTrainer(
         _ray_worker_entry,
         # the task travels pickled and is unpickled after the worker has moved to the driver's folder: Ray
@@ -71,6 +76,7 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
             "out_dir": str(out_dir),
             "resume": resume,
             "in_place": storage.in_place,
+            "run_id": run_id,
         },
         scaling_config=ScalingConfig(
             num_workers=cfg.workers, use_gpu=gpus > 0, resources_per_worker=resources
@@ -87,6 +93,9 @@ def _fit_ray(task: Task, cfg: TrainConfig, out_dir: Path, resume: bool) -> dict:
     )
     stopped = out_dir / STOPPED
     stopped.unlink(missing_ok=True)
+    # checked above: the directory holds no checkpoint, or this is a resume; from here on it is this run's,
+    # and the step-N its workers find after a restart are their own
+    (out_dir / RAY_RUN).write_text(f"{run_id}\n")
     try:
         trainer.fit()
     except ray.train.TrainingFailedError as exc:
@@ -127,11 +136,15 @@ def _ray_worker_entry(loop_config: dict) -> None:
     task = cloudpickle.loads(loop_config["task"])  # the driver's own task object, pickled just above
     reporter = RayReporter(loop_config["in_place"])
     out_dir, cfg = Path(loop_config["out_dir"]), loop_config["cfg"]
-    # after a lost worker Ray Train restarts every worker; the checkpoint it hands back is this run's last
+    # after a lost worker Ray Train restarts every worker: a resume of this same run, from the checkpoint
+    # Ray hands back (this run's last reported), else from the run's own newest step-N (written, not yet
+    # reported: Ray holds none before the first report completes). In place, Ray's checkpoint is one of
+    # those step-N directories and the newest is at least as new (the one before may be pruned already)
     checkpoint = ray.train.get_checkpoint()
+    resume = loop_config["resume"] or checkpoint is not None or _restarted(out_dir, loop_config["run_id"])
     try:
-        if checkpoint is None:
-            TrainingRun(task, cfg, out_dir, loop_config["resume"], reporter=reporter).train()
+        if checkpoint is None or loop_config["in_place"]:
+            TrainingRun(task, cfg, out_dir, resume, reporter=reporter).train()
             return
         with checkpoint.as_directory() as directory:
             TrainingRun(task, cfg, out_dir, True, reporter=reporter, restore_from=Path(directory)).train()
@@ -140,6 +153,14 @@ def _ray_worker_entry(loop_config: dict) -> None:
         # the log), and the driver raises the line rank 0 leaves
         if ray.train.get_context().get_world_rank() == 0:
             (out_dir / STOPPED).write_text(f"{exc}\n")
+
+
+def _restarted(out_dir: Path, run_id: str) -> bool:
+    """Whether `out_dir` holds a checkpoint written by an earlier attempt of this same Ray Train run; one
+    from any other run (a concurrent start into the same directory) is still refused."""
+    marker = out_dir / RAY_RUN
+    mine = marker.is_file() and marker.read_text().strip() == run_id
+    return mine and latest_checkpoint(out_dir / CHECKPOINTS) is not None
 
 
 class RayReporter:
