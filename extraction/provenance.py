@@ -132,6 +132,56 @@ def detector_settings(recorded: dict) -> dict:
     return settings
 
 
+# Provenance entries that decide what the features are; the configs are compared field by field.
+_DECIDING = ("features", "grid", "weights_sha256", "selection", "min_boxes", "max_boxes", "feature_dim")
+
+
+def differences(
+    recorded: dict,
+    preset: str = DEFAULT_PRESET,
+    weights: str | Path | None = None,
+    selection: str = "caffe",
+    min_boxes: int = 36,
+    max_boxes: int = 36,
+    grid: str | GridConfig | None = None,
+    **overrides,
+) -> list[str]:
+    """How features made with these `Detector.build` arguments would differ from the extraction `recorded`
+    by `provenance`: one "name recorded (here: value)" per differing setting, the weights by their sha256;
+    empty when they would be made alike. Entries `recorded` lacks (older stores) are not compared."""
+    from extraction.weights import resolve_detector, weights_file
+
+    config, sel, preset, _, _ = resolve_detector(
+        preset, weights, selection, min_boxes, max_boxes, **overrides
+    )
+    if isinstance(grid, str):
+        grid = GridConfig.parse(grid)
+    info = {"path": "random", "sha256": None}
+    if weights is not None:
+        info = {"path": str(weights), "sha256": sha256(weights_file(weights))}
+    here = provenance(preset, config, sel, info, config.feature_dim, grid)
+    found = []
+    for key in _DECIDING:
+        if key in recorded and _plain(recorded[key]) != _plain(here.get(key)):
+            if key == "weights_sha256":
+                found.append(f"detector weights {_weights_name(recorded)} (here: {_weights_name(here)})")
+            else:
+                found.append(f"{key} {recorded[key]!r} (here: {here.get(key)!r})")
+    for section in ("config", "selection_config"):
+        for key, value in (recorded.get(section) or {}).items():
+            if key in SELECTION_ARGUMENTS or key not in here[section]:
+                continue  # the selection rule and the box counts are compared above
+            if _plain(value) != _plain(here[section][key]):
+                found.append(f"{key} {value!r} (here: {here[section][key]!r})")
+    return found
+
+
+def _weights_name(record: dict) -> str:
+    if not record.get("weights_sha256"):
+        return "random"
+    return f"{record.get('weights')} (sha256 {record['weights_sha256'][:12]})"
+
+
 def recorded_names(recorded: dict) -> tuple[list[str] | None, list[str] | None]:
     """(class names, attribute names) a store's provenance carries (weights trained with xmodal carry
     them), else (None, None)."""

@@ -1,7 +1,7 @@
 """Classifier rows whose order differs between released checkpoints and xmodal, and the moves between them.
 
 xmodal's matching heads score "the text belongs to the image" at index 1 (`matched_labels` 1 = matched);
-vilbert-multi-task, uclanlp/visualbert and transformers' `VisualBertForPreTraining` use index 0. xmodal's
+vilbert-multi-task uses index 0, uclanlp/visualbert (and so the hub's VisualBERT weights) index 1. xmodal's
 region-class heads follow the store's `class_probs`, background last (storage/FORMAT.md); the released
 ViLBERT and VL-BERT heads put the background first. Converters move the rows so the numbers keep their
 meaning, and exporters move them back.

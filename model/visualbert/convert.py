@@ -4,8 +4,12 @@ and xmodal VisualBERT directories back into transformers' layout.
 Module names are transformers' own, so a weight maps to itself; only the backbone prefix changes
 (`visual_bert.` in the task classes, none in `VisualBertModel`) and the tied masked-LM decoder
 (`cls.predictions.decoder.*`) is the word table and the head's bias rather than a weight of its own.
-The matching head's rows are swapped both ways: transformers' `sentence_image_labels` (and
-uclanlp/visualbert's `is_random_next`) score "matched" at row 0, xmodal's `matched_labels` at row 1.
+The matching head (`cls.seq_relationship`) moves as it is, both ways: uclanlp/visualbert trained it with
+label `int(is_correct)`, 1 = the caption belongs to the image (`dataloaders/coco_dataset.py` ~L194-218 sets
+`flag = True` for the image's own caption; `dataloaders/bert_data_utils.py` ~L81 and ~L273 keep it as
+`is_next` and label `int(is_next)`), and transformers' conversion only renamed keys, so the hub's
+`uclanlp/visualbert-*-coco-pre` score "matched" at row 1, as xmodal's `matched_labels` do (whatever
+transformers' docstring says of `sentence_image_labels`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from torch import nn
 from ..files import read_json
 from ..foreign import ConversionReport, read_weights
 from ..pretrained import Checkpoint, read_checkpoint
-from ..row_order import swap_match_rows
 from .config import VisualBertConfig
 from .heads import VisualBertForNLVR2, VisualBertForQuestionAnswering
 from .modeling import VisualBert
@@ -57,8 +60,6 @@ _TIED = {
     "cls.predictions.decoder.bias": "cls.predictions.bias",
 }
 _BUFFERS = ("embeddings.position_ids",)
-# The pre-training matching head, whose rows transformers orders the other way round.
-_MATCH_HEAD = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 
 def config_from_hf(meta: dict[str, Any], source: str) -> VisualBertConfig:
@@ -102,7 +103,7 @@ def from_hf_state(
             state[prefix + bare] = value
             report.loaded.append(key)
         elif key in heads:
-            state[key] = swap_match_rows(value) if key in _MATCH_HEAD and len(value) == 2 else value
+            state[key] = value
             report.loaded.append(key)
         else:
             report.unexpected.append(key)
@@ -223,8 +224,6 @@ def to_hf_state(model: nn.Module) -> dict[str, torch.Tensor]:
     if isinstance(model, VisualBertForPreTraining):
         for name, original in _TIED.items():
             state[name] = state[original].clone()
-        for name in _MATCH_HEAD:
-            state[name] = swap_match_rows(state[name])
     return state
 
 

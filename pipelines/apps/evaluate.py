@@ -16,7 +16,7 @@ from pipelines.data.image_refs import StoreImages
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
 from pipelines.engine.trainer import to_device
 from pipelines.engine.worker_errors import Carrying, carrying_collate, raising
-from pipelines.tasks.finetuned import load_finetuned
+from pipelines.tasks.finetuned import finetuned_run_file, load_finetuned
 from storage import FeatureReader
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,11 @@ def joined_path(predictions_path: str | Path) -> Path:
     """Where the predictions joined to their examples go: beside them, `<stem>.joined.jsonl`."""
     path = Path(predictions_path)
     return path.with_name(f"{path.stem}.joined.jsonl")
+
+
+def recorded_extraction(checkpoint: str | Path) -> dict:
+    """The provenance of the features `checkpoint` was fine-tuned on ({} when the store recorded none)."""
+    return json.loads(finetuned_run_file(checkpoint).read_text()).get("detector") or {}
 
 
 def write_joined(path: str | Path, kind, examples: Sequence, predictions: dict) -> Path:
@@ -59,22 +64,31 @@ def evaluate(
 ) -> dict[str, float] | None:
     """Predict every example of `split`, write `out` in the task's official format, and return the metrics
     (also written to `metrics_path(out)`) when every example is labelled; None otherwise. Captions are
-    decoded with `beam_size` beams, by default the run's (what its validation used)."""
+    decoded with `beam_size` beams, by default the run's test decoding (`test_beam_size`, e.g. the
+    self-critical recipes' 5), else what its validation used; likewise its `<unk>` penalty and length."""
     dev = pick_device(device)
     tuned = load_finetuned(checkpoint, dev)
     if task is not None and task != tuned.task:
         raise ValueError(f"{checkpoint} was fine-tuned for {tuned.task}, not {task}")
     kind = tuned.kind
     options = {}
-    beam_size = beam_size if beam_size is not None else tuned.settings.get("beam_size")
+    settings = tuned.settings
+    if beam_size is None:
+        beam_size = settings.get("test_beam_size") or settings.get("beam_size")
     if beam_size is not None:
         if "beam_size" not in inspect.signature(kind.predict).parameters:
             raise ValueError(f"--beam-size applies to captioners; {tuned.task} predictions are not decoded")
         if beam_size < 1:
             raise ValueError(f"--beam-size must be at least 1, got {beam_size}")
         options["beam_size"] = beam_size
-        if tuned.settings.get("unk_penalty") is not None:  # the decoding the run's recipe validated with
-            options["unk_penalty"] = tuned.settings["unk_penalty"]
+        # the decoding the run's recipe tests with, else the one it validated with
+        unk_penalty = settings.get("test_unk_penalty")
+        if unk_penalty is None:
+            unk_penalty = settings.get("unk_penalty")
+        if unk_penalty is not None:
+            options["unk_penalty"] = unk_penalty
+        if settings.get("decode_max_length") is not None:
+            options["max_length"] = settings["decode_max_length"]
     examples = kind.load_examples(split)
     if not examples:
         raise ValueError(f"{', '.join(map(str, split))} holds no example")

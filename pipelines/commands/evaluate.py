@@ -41,20 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--beam-size",
         type=int,
-        help="captioners: beams per image (default: the run's, as its validation decoded)",
+        help="captioners: beams per image (default: the run's test beam, task.test_beam_size, else its "
+        "validation's)",
     )
     parser.add_argument("--device", default=DEFAULT_DEVICE, help=DEVICE_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.apps.evaluate import evaluate, joined_path, metrics_path
+    from pipelines.apps.evaluate import evaluate, joined_path, metrics_path, recorded_extraction
     from pipelines.commands.images_option import store_for_rows
     from pipelines.tasks import get_finetune_task
 
     try:
         features = args.features
         if args.images:
-            features = [str(store_for_rows(args, get_finetune_task(args.task).load_examples, args.split))]
+            # extracted as the run's training features were (weights, boxes, grid), or refused
+            recorded = recorded_extraction(args.checkpoint)
+            load = get_finetune_task(args.task).load_examples
+            features = [str(store_for_rows(args, load, args.split, args.checkpoint, recorded))]
         elif not features:
             raise ValueError("give the features: --features feats.lmdb, or --images DIR to extract them")
         metrics = evaluate(

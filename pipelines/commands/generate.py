@@ -27,7 +27,7 @@ image-token log-likelihood, last/) holds the transformer, caption_vocab.json and
 
 
 def add_rerank_arguments(parser: argparse.ArgumentParser, default: str) -> None:
-    from pipelines.apps.generate_rerank import RERANKERS
+    from pipelines.apps.generate.rerank import RERANKERS
 
     parser.add_argument(
         "--rerank",
@@ -301,8 +301,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     import json
 
     from extraction.weights import CheckpointError
-    from pipelines.apps.generate import SampleSettings
-    from pipelines.apps.generate_eval import EvalSettings, evaluate, load_detector, load_fid, read_prompts
+    from pipelines.apps.generate.evaluate import EvalSettings, evaluate, load_detector, load_fid, read_prompts
+    from pipelines.apps.generate.sample import SampleSettings
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
@@ -356,11 +356,11 @@ def load_judge(args: argparse.Namespace):
     if args.rerank == "captioner":
         if not model:
             raise ValueError("--rerank captioner needs --captioner RUN (a captioning run's best/)")
-        from pipelines.apps.generate_rerank_captioner import CaptionerReranker as Reranker
+        from pipelines.apps.generate.rerank_captioner import CaptionerReranker as Reranker
     else:
         if not model:
             raise ValueError("--rerank matching needs --matcher RUN (a retrieval run's best/)")
-        from pipelines.apps.generate_rerank_matching import MatchingReranker as Reranker
+        from pipelines.apps.generate.rerank_matching import MatchingReranker as Reranker
     judge = Reranker.load(model, detector)
     return judge, judge.source
 
@@ -422,8 +422,8 @@ def _sample(args: argparse.Namespace) -> int:
     import json
 
     from extraction.weights import CheckpointError
-    from pipelines.apps.generate import SampleSettings, decode, sample_tokens, write_images
-    from pipelines.apps.generate_rerank import rank, rerank_scores
+    from pipelines.apps.generate.rerank import rank, rerank_scores
+    from pipelines.apps.generate.sample import SampleSettings, decode, sample_tokens, write_images
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 

@@ -18,23 +18,33 @@ def add_images_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--detector-weights",
         metavar="PATH",
-        help="detector checkpoint for --images (as `extract --weights`; default: random weights, tests only)",
+        help="detector checkpoint for --images (as `extract --weights`; default: evaluate: the run's, "
+        "finetune: random weights, tests only)",
     )
     group.add_argument(
         "--extract-config",
         metavar="YAML",
-        help="ExtractConfig keys for --images (preset, max_boxes, batch_size, overrides, ...)",
+        help="ExtractConfig keys for --images (preset, max_boxes, batch_size, overrides, ...; evaluate "
+        "checks them against the run's)",
     )
     group.add_argument(
         "--cache", metavar="DIR", help="where cache stores go (default: $XMODAL_CACHE, else ~/.cache/xmodal)"
     )
 
 
-def store_for_rows(args: argparse.Namespace, load_examples: Callable, files: Sequence[str]):
-    """The cache store holding every image the rows of `files` name, extracted from `args.images`."""
+def store_for_rows(
+    args: argparse.Namespace,
+    load_examples: Callable,
+    files: Sequence[str],
+    run: str | None = None,
+    recorded: dict | None = None,
+):
+    """The cache store holding every image the rows of `files` name, extracted from `args.images`; for a
+    trained `run`, extracted as the features it was trained on were (`recorded`, their provenance), the
+    settings given checked against those (pipelines.jobs.image_cache.config_for_run)."""
     from pipelines.engine import config_io
     from pipelines.jobs.extract.config import ExtractConfig, JobError
-    from pipelines.jobs.image_cache import images_store
+    from pipelines.jobs.image_cache import config_for_run, images_store
     from storage import StoreError
 
     if args.features:
@@ -42,6 +52,11 @@ def store_for_rows(args: argparse.Namespace, load_examples: Callable, files: Seq
     cfg = config_io.load(ExtractConfig, args.extract_config)
     if args.detector_weights:
         cfg = config_io.merge(cfg, {"weights": args.detector_weights}, where="command line")
+    if run is not None:
+        given = set(config_io.load_yaml(args.extract_config)) if args.extract_config else set()
+        if args.detector_weights:
+            given.add("weights")
+        cfg = config_for_run(recorded or {}, cfg, given, run)
     refs = []
     for path in files:
         refs += [(img, str(path)) for ex in load_examples([path]) for img in ex.images]

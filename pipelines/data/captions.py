@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from model.files import read_json
+from model.files import JSON_LIMIT, MAX_DEPTH, nesting_depth, read_json, read_text
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.image_refs import image_ref
-from pipelines.data.row_files import DATASETS_SUFFIXES, RowProblems, json_cell, kind_of, read_row_file
+from pipelines.data.row_files import DATASETS_SUFFIXES, json_cell, kind_of, rows_and_problems
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)  # ids 0..3, matching model.captioning.CaptionConfig's defaults
@@ -60,7 +60,7 @@ def _load_json(path: str | Path) -> object:
     try:
         return read_json(path, "caption JSON")
     except ValueError as err:
-        raise CaptionDataError(f"{err}; re-download or re-export the file") from None
+        raise CaptionDataError(str(err)) from None
 
 
 def read_karpathy_split(path: str | Path) -> list[CaptionImage]:
@@ -121,16 +121,20 @@ def read_coco_captions(path: str | Path, split: str = "train") -> list[CaptionIm
             f"{path}: expected an object with an 'annotations' list (COCO captions_*.json)"
         )
     filenames: dict[int, str] = {}
+    listed: set[int] = set()
     for index, image in enumerate(data.get("images", [])):
-        if not isinstance(image, dict) or "id" not in image or "file_name" not in image:
-            raise CaptionDataError(f"{path}: images[{index}] needs 'id' and 'file_name'")
-        filenames[int(image["id"])] = str(image["file_name"])
+        # pycocotools (COCO.createIndex, loadRes) reads an image's 'id' alone; 'file_name' is optional
+        if not isinstance(image, dict) or "id" not in image:
+            raise CaptionDataError(f"{path}: images[{index}] needs an 'id'")
+        listed.add(int(image["id"]))
+        if "file_name" in image:
+            filenames[int(image["id"])] = str(image["file_name"])
     raw: dict[int, list[str]] = {}
     for index, ann in enumerate(data["annotations"]):
         if not isinstance(ann, dict) or "image_id" not in ann or not isinstance(ann.get("caption"), str):
             raise CaptionDataError(f"{path}: annotations[{index}] needs 'image_id' and a string 'caption'")
         raw.setdefault(int(ann["image_id"]), []).append(ann["caption"].strip())
-    unknown = sorted(set(raw) - set(filenames)) if filenames else []
+    unknown = sorted(set(raw) - listed) if listed else []
     if unknown:
         raise CaptionDataError(f"{path}: annotations name image id(s) {unknown[:3]} missing from 'images'")
     return [
@@ -193,6 +197,15 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
+        """A caption run's vocab.json (or its directory), or a vocab.txt of one word per line: the one
+        `xmodal vocab build` writes serves too (its [PAD]-style tokens and ##pieces are left out)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / VOCAB_FILE if (path / VOCAB_FILE).is_file() else path / "vocab.txt"
+        if path.suffix.lower() == ".txt":
+            lines = read_text(path, "vocabulary").splitlines()
+            words = [w.strip() for w in lines if w.strip() and not w.startswith("##")]
+            return cls(list(dict.fromkeys(w for w in words if not re.fullmatch(r"\[[A-Z]+\]", w))))
         data = _load_json(path)
         words = data.get("words") if isinstance(data, dict) else None
         if not isinstance(words, list) or list(words[: len(SPECIAL_TOKENS)]) != list(SPECIAL_TOKENS):
@@ -240,9 +253,9 @@ def read_caption_rows(path: str | Path) -> list[CaptionImage]:
     `image_id`) in a JSON list, JSON lines, CSV or Parquet file; rows of one image gather its captions.
     Every malformed row is named in one refusal."""
     path = Path(path)
-    problems = RowProblems(path)
+    rows, problems = rows_and_problems(path)  # a CSV's malformed lines, named with the rows' problems
     images: dict[str, CaptionImage] = {}
-    for row in read_row_file(path):
+    for row in rows:
         fields = row.fields
         issues = []
         img_field = next((k for k in CAPTION_IMAGE_FIELDS if fields.get(k) not in (None, "")), None)
@@ -309,11 +322,17 @@ def _peek_json(path: Path) -> object:
     """The JSON document in `path`, or None for JSON lines (read as rows)."""
     if not path.is_file():
         raise CaptionDataError(f"{path}: no such file; pass the path to the caption file")
+    # caption files nest a few levels: the 64-level rule every JSON reader here keeps
+    too_deep = f"{path}: JSON nested deeper than {MAX_DEPTH} levels; fix the file"
     try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = json.loads(read_text(path, "caption file", JSON_LIMIT))
+    except (json.JSONDecodeError, ValueError):  # not UTF-8 either: read as rows, which say what is wrong
         return None
+    except RecursionError:
+        raise CaptionDataError(too_deep) from None
+    if nesting_depth(data) > MAX_DEPTH:
+        raise CaptionDataError(too_deep)
+    return data
 
 
 def load_caption_examples(

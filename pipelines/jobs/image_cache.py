@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipelines.data.image_refs import IMAGE_SUFFIXES, AmbiguousImage, ImageIds
-from pipelines.jobs.extract.config import ExtractConfig
+from pipelines.jobs.extract.config import ExtractConfig, grid_config
 from pipelines.jobs.image_inputs import InputError, iter_images
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,59 @@ def cache_store_path(images: str | Path, cfg: ExtractConfig, cache: str | Path |
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = re.sub(r"[^\w.-]+", "_", folder.name) or "images"
     return Path(cache or cache_root()) / "stores" / f"{name}-{digest}.lmdb"
+
+
+def config_for_run(recorded: dict, cfg: ExtractConfig, given: set[str], run: str) -> ExtractConfig:
+    """`cfg` set to extract as the store `run` was trained on was extracted (`recorded`, that store's
+    provenance): the settings that decide the features (detector weights, preset, boxes or grid, selection,
+    input size...) come from the record unless `given` (the fields the user set: theirs are checked, not
+    replaced). InputError naming each difference when the features would differ, or when the recorded
+    weights are gone and none are given."""
+    from extraction.provenance import detector_settings, differences
+
+    if "config" not in recorded:
+        log.warning(
+            "%s records no extraction settings (an imported store, or one merged from stores made "
+            "differently): --images extracts with the settings given, which may not be how its features "
+            "were made",
+            run,
+        )
+        return cfg
+    settings = detector_settings(recorded)
+    path = recorded.get("weights")
+    if settings["weights"] is None and path not in (None, "random") and "weights" not in given:
+        raise InputError(
+            f"{run} was trained on features from the detector weights {path}, which are gone; give the "
+            "same weights with --detector-weights"
+        )
+    grid = settings.pop("grid", None)
+    fields = {
+        k: settings.pop(k)
+        for k in ("preset", "weights", "selection", "min_boxes", "max_boxes")
+        if k in settings
+    }
+    fields.update(features="grid" if grid else "regions", grid=grid or cfg.grid)
+    fields = {k: v for k, v in fields.items() if k not in given}
+    fields["overrides"] = {**settings, **(cfg.overrides if "overrides" in given else {})}
+    fitted = replace(cfg, **fields)
+    cells = grid_config(fitted)
+    found = differences(
+        recorded,
+        fitted.preset,
+        fitted.weights,
+        fitted.selection,
+        fitted.min_boxes,
+        fitted.max_boxes,
+        cells.spec if cells is not None else None,
+        **fitted.overrides,
+    )
+    if found:
+        raise InputError(
+            f"{run} was trained on features extracted otherwise than these settings would: "
+            f"{'; '.join(found)}; drop them from --detector-weights/--extract-config (the run's own are "
+            "used) or give the run's"
+        )
+    return fitted
 
 
 def needed_ids(images: str | Path, refs: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -119,7 +172,9 @@ def images_store(
         return out
     log.info("extracting %d of %d images into the cache store %s", todo, len(wanted), out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    job = replace(cfg, inputs=[str(images)], out=str(out), recursive=True, id_from="relpath", only_ids=wanted)
+    # absolute: the job's workers may run elsewhere (a Ray cluster started in another folder)
+    folder = str(Path(images).resolve())
+    job = replace(cfg, inputs=[folder], out=str(out), recursive=True, id_from="relpath", only_ids=wanted)
     summary = run_extract(job)
     if summary.failed:
         raise InputError(

@@ -16,12 +16,15 @@ from model.captioning import beam_search
 from model.captioning.self_critical import self_critical_loss
 from pipelines.data.captions import (
     MAX_LENGTH,
+    SPLIT_SEPARATOR,
     VOCAB_FILE,
     CaptionDataset,
     CaptionExample,
     Vocabulary,
     collate_captions,
     load_caption_examples,
+    read_caption_file,
+    split_spec,
 )
 from pipelines.data.image_refs import StoreImages
 from pipelines.data.regions import float_inputs
@@ -35,6 +38,7 @@ from storage import FeatureReader
 log = logging.getLogger(__name__)
 
 CAPTION_INPUTS = ("input_ids", "visual_feats", "visual_pos", "visual_attention_mask")
+TINY_VOCAB_UNKNOWN = 0.1  # above this share of <unk> training words, a built vocabulary is too small
 
 
 def scheduled_sampling_prob(cfg: FinetuneConfig, epoch: int) -> float:
@@ -88,17 +92,49 @@ def _caption_scores(predictions: dict, examples: Sequence[CaptionExample], java:
     return evaluate_captions(refs, {k: predictions[k] for k in labelled}, pretokenized=not java, java=java)
 
 
+def own_validation(train_files: Sequence[str]) -> list[str]:
+    """Without --valid, the validation split the training files bring, as LAVIS and self-critical.pytorch
+    validate on Karpathy's `val`: `FILE:val` of a file given without `:SPLIT` that holds `val` images, and
+    COCO's `captions_valYYYY.json` beside a `captions_trainYYYY.json`."""
+    found = []
+    for spec in train_files:
+        path, split = split_spec(spec, None)
+        coco_val = path.with_name(path.name.replace("captions_train", "captions_val", 1))
+        if split is None and path.name.startswith("captions_train") and coco_val.is_file():
+            found.append(str(coco_val))
+        elif split is None and any(im.split == "val" for im in read_caption_file(path)):
+            found.append(f"{path}{SPLIT_SEPARATOR}val")
+    if found:
+        log.info("validating on %s (the training files' own split; --valid picks another)", ", ".join(found))
+    return found
+
+
 SCST_REWARDS = ("cider-d", "self-critical")
+
+# self-critical.pytorch's vocabulary and decoding, common to its two phases. scripts/prepro_labels.py keeps
+# words seen more than 5 times (`n > count_thr`, --word_count_threshold 5) in all of dataset_coco.json,
+# every split. train.py validates every save_checkpoint_every (3000) iterations with opts.py's sampling
+# defaults: beam_size 1, that is AttModel._sample's greedy decoding, which leaves <unk> alone (only
+# CaptionModel.beam_search subtracts 1000), up to max_length 20 words; its test decodes beam 5
+# (`eval.py --beam_size 5`), <unk> -1000.
+_SELF_CRITICAL_DATA = {
+    "vocab_min_count": 6,
+    "vocab_from": "all",
+    "beam_size": 1,
+    "unk_penalty": 0.0,
+    "decode_max_length": 20,
+    "test_beam_size": 5,
+    "test_unk_penalty": 1000.0,
+}
 
 # Named settings (`xmodal finetune caption --recipe NAME`): (task fields, train fields) over the defaults.
 RECIPES: dict[str, tuple[dict, dict]] = {
     # xmodal's defaults, chosen for small data: one reference per image and batches of 32 images, the
     # global gradient norm clipped at 0.1, linear decay, no scheduled sampling, <unk> kept out of decoding
     "xmodal": ({}, {}),
-    # self-critical.pytorch's Up-Down cross-entropy recipe (opts.py defaults and configs/updown): raw
+    # self-critical.pytorch's Up-Down cross-entropy recipe (opts.py defaults and configs/updown.yml): raw
     # features, 10 images x 5 references per batch, Adam lr 5e-4 x0.8 every 3 epochs, every gradient value
-    # clipped at 0.1, scheduled sampling +0.05 every 5 epochs up to 0.25, 30 epochs; its beam search
-    # subtracts 1000 from <unk>'s log-prob
+    # clipped at 0.1, scheduled sampling +0.05 every 5 epochs up to 0.25, 30 epochs.
     "self-critical-updown": (
         {
             "model": {"normalize_features": False},
@@ -107,7 +143,7 @@ RECIPES: dict[str, tuple[dict, dict]] = {
             "scheduled_sampling_every": 5,
             "scheduled_sampling_increase": 0.05,
             "scheduled_sampling_max": 0.25,
-            "unk_penalty": 1000.0,
+            **_SELF_CRITICAL_DATA,
         },
         {
             "batch_size": 10,
@@ -117,26 +153,31 @@ RECIPES: dict[str, tuple[dict, dict]] = {
             "lr_gamma": 0.8,
             "clip_norm": None,
             "clip_value": 0.1,
+            "eval_every": 3000,
         },
     ),
-    # its SCST phase, from the cross-entropy run (--init): lr 5e-5 without decay, 5 samples per image
-    # against the greedy caption (with <unk> allowed), self-critical.pytorch's reward on word ids
+    # its SCST phase (configs/updown_sc.yml over updown.yml): --start_from the cross-entropy run's weights
+    # and Adam state (--init RUN/last, task.init_optimizer), 20 more epochs (30 -> 50) at lr 5e-5 without
+    # decay, 5 samples per image against the greedy caption (with <unk> allowed), its reward on word ids
     "self-critical-updown-scst": (
         {
             "model": {"normalize_features": False},
+            "init_optimizer": True,
             "scst_from_epoch": 0,
             "scst_samples": 5,
             "scst_reward": "self-critical",
             "scst_suppress_unk": False,
-            "unk_penalty": 1000.0,
+            **_SELF_CRITICAL_DATA,
         },
         {
             "batch_size": 10,
             "lr": 5e-5,
+            "epochs": 20,
             "schedule": "epochs",
             "lr_gamma": 1.0,
             "clip_norm": None,
             "clip_value": 0.1,
+            "eval_every": 3000,
         },
     ),
 }
@@ -166,9 +207,8 @@ class CaptionTask(FinetuneTask):
             raise ValueError(f"--arch {cfg.arch} is not a captioner; choose one of {captioners}")
         self.features = StoreImages(FeatureReader(cfg.features))
         self.train_examples = self._load_split(cfg.train_files, "train", "training data")
-        self.valid_examples = (
-            self._load_split(cfg.valid_files, "val", "validation data") if cfg.valid_files else []
-        )
+        valid_files = cfg.valid_files or own_validation(cfg.train_files)
+        self.valid_examples = self._load_split(valid_files, "val", "validation data") if valid_files else []
         unlabelled = [e for e in self.train_examples if e.label is None]
         if unlabelled:
             raise ValueError(f"{len(unlabelled)} training images have no caption (e.g. {unlabelled[0].key})")
@@ -186,6 +226,8 @@ class CaptionTask(FinetuneTask):
                 f"the vocabulary has {len(self.vocab)} words but the model {self.model_config.vocab_size}; "
                 "pass the vocab.json the model was trained with (--vocab)"
             )
+        if cfg.vocab_from not in ("train", "all"):
+            raise ValueError(f"task.vocab_from {cfg.vocab_from!r}: choose train or all")
         if cfg.scst_reward not in SCST_REWARDS:
             raise ValueError(f"task.scst_reward {cfg.scst_reward!r}: choose one of {', '.join(SCST_REWARDS)}")
         if cfg.captions_per_image < 1 or cfg.scst_samples < 1:
@@ -215,8 +257,10 @@ class CaptionTask(FinetuneTask):
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable image")
         return examples
 
-    def _vocabulary(self) -> Vocabulary:
-        cfg = self.config
+    @classmethod
+    def text_vocabulary(cls, cfg: FinetuneConfig) -> Vocabulary | None:
+        """The word list of `--vocab` (a vocab.txt of one word per line, as `xmodal vocab build` writes, or
+        a caption run's vocab.json) or of the init directory; None: built from the training captions."""
         path = cfg.vocab or (str(Path(cfg.init) / VOCAB_FILE) if cfg.init else None)
         if path and not cfg.vocab and not Path(path).is_file():
             what = "does not exist" if not Path(cfg.init).exists() else f"has no {VOCAB_FILE}"
@@ -224,12 +268,37 @@ class CaptionTask(FinetuneTask):
                 f"--init {cfg.init} {what}: it is not a captioning run's directory; give one written by "
                 "`xmodal finetune caption` (its best/ or last/)"
             )
-        if path:
-            return Vocabulary.load(path)
+        if cfg.vocab and not Path(cfg.vocab).exists():
+            raise ValueError(
+                f"--vocab {cfg.vocab}: no such file; a captioner takes a word list (a vocab.txt, e.g. from "
+                "`xmodal vocab build captions.json --out vocab.txt`, or a caption run's vocab.json), "
+                "not a hub id"
+            )
+        return Vocabulary.load(path) if path else None
+
+    def _vocabulary(self) -> Vocabulary:
+        cfg = self.config
+        given = self.text_vocabulary(cfg)
+        if given is not None:
+            return given
         captions = [c for e in self.train_examples for c in e.label]
-        vocab = Vocabulary.build(captions, cfg.vocab_min_count)
-        log.info("vocabulary: %d words seen at least %d times in %d training captions",
-                 len(vocab) - 4, cfg.vocab_min_count, len(captions))  # fmt: skip
+        counted = captions
+        if cfg.vocab_from == "all":  # every split of the training files, as prepro_labels.py
+            paths = dict.fromkeys(split_spec(spec, None)[0] for spec in cfg.train_files)
+            counted = [c for path in paths for image in read_caption_file(path) for c in image.captions]
+        vocab = Vocabulary.build(counted, cfg.vocab_min_count)
+        log.info("vocabulary: %d words seen at least %d times in %d %s captions",
+                 len(vocab) - 4, cfg.vocab_min_count, len(counted),
+                 "training" if counted is captions else "(all splits)")  # fmt: skip
+        words = [w for c in captions for w in c]
+        unknown = sum(w not in vocab.index for w in words) / max(len(words), 1)
+        if unknown > TINY_VOCAB_UNKNOWN:
+            log.warning(
+                "the caption vocabulary has only %d words (those seen at least %d times in %d training "
+                "captions): %.0f%% of the captions' words become <unk>; pass --vocab vocab.txt (`xmodal "
+                "vocab build CAPTIONS --out vocab.txt`) or lower the count (task.vocab_min_count=1)",
+                len(vocab) - 4, cfg.vocab_min_count, len(captions), 100 * unknown,
+            )  # fmt: skip
         return vocab
 
     @classmethod
@@ -329,8 +398,14 @@ class CaptionTask(FinetuneTask):
         return reward
 
     def evaluate(self, model: torch.nn.Module, loader: Iterable[dict]) -> dict[str, float]:
+        cfg = self.config
         predictions, _ = self.predict(
-            model, loader, self.vocab, self.config.beam_size, unk_penalty=self.config.unk_penalty
+            model,
+            loader,
+            self.vocab,
+            cfg.beam_size,
+            unk_penalty=cfg.unk_penalty,
+            max_length=cfg.decode_max_length,
         )
         return self.score(predictions, self.valid_examples, java=False)
 
@@ -344,8 +419,10 @@ class CaptionTask(FinetuneTask):
         answers: Vocabulary,
         beam_size: int = 3,
         unk_penalty: float | None = None,
+        max_length: int | None = None,
     ) -> tuple[dict, float | None]:
-        """The best beam's caption by image id (no loss: captions are generated, not teacher-forced)."""
+        """The best beam's caption by image id (no loss: captions are generated, not teacher-forced), of
+        at most `max_length` words (None: the model's)."""
         was_training = model.training
         model.eval()
         predictions: dict = {}
@@ -355,6 +432,7 @@ class CaptionTask(FinetuneTask):
                 batch["visual_feats"].float(),
                 batch["visual_attention_mask"],
                 beam_size,
+                max_length=max_length,
                 unk_penalty=unk_penalty,
             )
             predictions.update(
@@ -425,6 +503,9 @@ class CaptionTask(FinetuneTask):
             "max_length": self.config.max_length,
             "beam_size": self.config.beam_size,
             "unk_penalty": self.config.unk_penalty,
+            "decode_max_length": self.config.decode_max_length,
+            "test_beam_size": self.config.test_beam_size,
+            "test_unk_penalty": self.config.test_unk_penalty,
             "vocab": VOCAB_FILE,
             "init": self.config.init,
             "features": list(self.config.features),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -20,7 +20,9 @@ from pipelines.data.bad_records import drop_bad
 from pipelines.data.examples import Example, check_images
 from pipelines.data.image_refs import StoreImages
 from pipelines.data.regions import IMAGE_SIZE, float_inputs, inputs_for
+from pipelines.data.row_files import MAX_LISTED, read_row_file
 from pipelines.data.text import load_tokenizer, save_tokenizer
+from pipelines.engine.checkpoints import CHECKPOINTS, STATE_FILE, step_dirs
 from pipelines.engine.trainer import TrainConfig
 from pipelines.tasks.model_setup import check_model_overrides, data_overrides
 from storage import FeatureReader
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 RUN_FILE = "finetune.json"
 DEFAULT_VOCAB = "bert-base-uncased"
 DEFAULT_ARCH = "lxmert"
+LABEL_FIELDS = ("answer", "answers", "label")  # where a row's label is, by task
 MODEL_INPUTS = (
     "input_ids",
     "attention_mask",
@@ -62,6 +65,9 @@ class FinetuneConfig:
         "scheduled_sampling_increase": "[0, 1]",
         "scheduled_sampling_max": "[0, 1]",
         "unk_penalty": ">= 0",
+        "decode_max_length": "[1, 65536]",
+        "test_beam_size": "[1, 1024]",
+        "test_unk_penalty": ">= 0",
     }
 
     task: str = "vqa"  # a fine-tuning task of pipelines.tasks.TASKS
@@ -71,6 +77,9 @@ class FinetuneConfig:
     train_files: list[str] = field(default_factory=list)
     valid_files: list[str] = field(default_factory=list)
     init: str | None = None  # a pre-training (or any checkpoint) directory; None = random weights
+    # continue the optimizer state (Adam's moments and step counts) saved with the --init weights (its
+    # run's trainer_state.pt), as self-critical.pytorch's --start_from continues optimizer.pth
+    init_optimizer: bool = False
     preset: str | None = None  # model size without an init directory (None: base); with one, its config
     model: dict[str, Any] = field(
         default_factory=dict
@@ -86,6 +95,10 @@ class FinetuneConfig:
     skip_bad_records: bool = False  # drop examples reading records that fail storage.validate
     # captioning only
     vocab_min_count: int = 5  # words seen fewer times in the training captions become <unk>
+    # the captions counted for the vocabulary: train = the training examples; all = every image of the
+    # training files whatever its split (self-critical.pytorch's prepro_labels.py counts all of
+    # dataset_coco.json)
+    vocab_from: Literal["train", "all"] = "train"
     scst_from_epoch: int | None = None  # self-critical training from this epoch on; None = cross-entropy only
     scst_samples: int = 1  # sampled captions per image in self-critical training
     # the SCST reward: cider-d = CIDEr-D of the words against the references, document frequencies of the
@@ -104,6 +117,10 @@ class FinetuneConfig:
     beam_size: int = 3  # beam search width for validation captions
     # None bans <unk> from beams; a number is subtracted from its log-prob (self-critical.pytorch: 1000)
     unk_penalty: float | None = None
+    decode_max_length: int | None = None  # most words a decoded caption has; None = max_length
+    # `xmodal evaluate`'s decoding: None = as validation (beam_size, unk_penalty)
+    test_beam_size: int | None = None
+    test_unk_penalty: float | None = None
 
     def __post_init__(self) -> None:
         check_model_overrides(self.model)
@@ -144,14 +161,10 @@ class FinetuneTask:
         self.features = StoreImages(FeatureReader(cfg.features))
         self.train_examples = self._load(cfg.train_files, "training data")
         self.valid_examples = self._load(cfg.valid_files, "validation data") if cfg.valid_files else []
-        unlabelled = [e for e in self.train_examples + self.valid_examples if e.label is None]
-        if unlabelled:
-            raise ValueError(
-                f"{len(unlabelled)} training/validation examples have no label "
-                f"(e.g. {unlabelled[0].key!r}); fine-tuning needs labelled files"
-            )
+        files = [*cfg.train_files, *cfg.valid_files]
+        check_labelled(self.load_examples, files, self.train_examples + self.valid_examples)
         self.vocab = cfg.vocab or _init_vocab(cfg.init) or DEFAULT_VOCAB
-        self.tokenizer = load_tokenizer(self.vocab)
+        self.tokenizer = self.text_vocabulary(cfg)
         init_vocab = _init_vocab(cfg.init)
         if cfg.vocab and init_vocab and self.tokenizer.get_vocab() != load_tokenizer(init_vocab).get_vocab():
             log.warning(
@@ -171,6 +184,13 @@ class FinetuneTask:
                 f"vocab {self.vocab} has {len(self.tokenizer)} tokens, more than the model's "
                 f"vocab_size={self.model_config.vocab_size}; use the pre-training vocab"
             )
+
+    @classmethod
+    def text_vocabulary(cls, cfg: FinetuneConfig):
+        """The tokenizer a run of `cfg` reads text with (`--vocab`, else the init directory's vocab.txt, else
+        bert-base-uncased); `xmodal finetune` loads it before extracting any image, so a missing one fails
+        in a second, not after the extraction."""
+        return load_tokenizer(cfg.vocab or _init_vocab(cfg.init) or DEFAULT_VOCAB)
 
     # ---- what a task defines
     @staticmethod
@@ -300,7 +320,7 @@ class FinetuneTask:
             return config_class.preset(preset, **{**overrides, **cfg.model})
         if cfg.preset is not None:
             log.warning(
-                "task.preset=%s is ignored: it sizes a model built from scratch, and with --init the model "
+                "--preset %s is ignored: it sizes a model built from scratch, and with --init the model "
                 "is the one in %s (change its fields with task.model.NAME=VALUE)",
                 cfg.preset,
                 cfg.init,
@@ -315,6 +335,27 @@ class FinetuneTask:
         model = self.load_head(self.family, cfg.init, self.answers, **cfg.model)
         self._after_load(model)
         return model
+
+    def init_trainer_states(self) -> list[Path]:
+        """With `init_optimizer`, the trainer states that may hold the optimizer of the --init weights,
+        best guess first: the init directory's own (a checkpoints/step-N), then its run's checkpoints,
+        newest first (`RUN/last` is the final one's model); the trainer takes the one whose model they are."""
+        cfg = self.config
+        if not cfg.init_optimizer:
+            return []
+        if not cfg.init:
+            raise ValueError("task.init_optimizer continues the --init run's optimizer: give --init")
+        init = Path(cfg.init)
+        found = [init / STATE_FILE] if (init / STATE_FILE).is_file() else []
+        runs = sorted(step_dirs(init.parent / CHECKPOINTS), reverse=True)
+        found += [d / STATE_FILE for _, d in runs if (d / STATE_FILE).is_file() and d != init]
+        if not found:
+            raise ValueError(
+                f"--init {init} has no optimizer state to continue (no {STATE_FILE} in it or in "
+                f"{init.parent / CHECKPOINTS}): give the earlier run's last/ or a checkpoints/step-N, as "
+                "self-critical.pytorch's --start_from, or task.init_optimizer=false for a fresh optimizer"
+            )
+        return found
 
     def train_dataset(self) -> Dataset:
         return self._dataset(self.train_examples)
@@ -383,6 +424,45 @@ class FinetuneTask:
             "detector": self.features.meta.get("provenance", {}),
         }
         (directory / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def check_labelled(load_examples: Callable, files: Sequence[str], examples: Sequence | None = None) -> None:
+    """Refuse rows without a label, naming the file, why and the rows: fine-tuning learns from labels.
+    `examples`: those of all `files` read together (the official VQA pair labels its questions only so);
+    only in a refusal is each file read alone, for its rows and their lines."""
+    files = list(dict.fromkeys(files))  # a file given as --train and --valid is read once
+    examples = load_examples(files) if examples is None else examples
+    unlabelled = {e.key for e in examples if e.label is None}
+    if not unlabelled:
+        return
+    for path in files:
+        own = load_examples([path])
+        missing = [e for e in own if e.key in unlabelled and e.label is None]
+        if missing:
+            raise ValueError(_unlabelled_refusal(path, missing, len(own)))
+    raise ValueError(
+        f"{len(unlabelled)} training/validation examples have no label (e.g. {next(iter(unlabelled))!r}); "
+        "fine-tuning needs labelled files"
+    )
+
+
+def _unlabelled_refusal(path: str | Path, missing: Sequence, total: int) -> str:
+    try:
+        rows = read_row_file(path)
+    except (ValueError, OSError):
+        rows = []
+    bare = [r.where for r in rows if all(r.fields.get(k) in (None, "") for k in LABEL_FIELDS)]
+    columns = set().union(*(r.fields for r in rows)) if rows else set()
+    why = "the file has no 'answer' column: " if rows and not columns & set(LABEL_FIELDS) else ""
+    if len(bare) == len(missing):
+        more = len(bare) - MAX_LISTED
+        where = ", ".join(bare[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+    else:
+        where = f"e.g. {missing[0].key!r}"
+    return (
+        f"{path}: {len(missing)} of {total} rows have no answer ({why}{where}); fine-tuning needs "
+        "labelled rows: give each an 'answer' (or 'answers', 'label')"
+    )
 
 
 def _family(cfg: FinetuneConfig):

@@ -87,8 +87,8 @@ def real_image_accuracy(
     `tokenizer`, on their dVAE round trips (the ceiling the tokenizer leaves the transformer)."""
     from PIL import Image
 
-    from pipelines.apps.generate import SampleSettings
-    from pipelines.apps.generate_eval import EvalSettings, detect, load_detector
+    from pipelines.apps.generate.evaluate import EvalSettings, detect, load_detector
+    from pipelines.apps.generate.sample import SampleSettings
     from pipelines.scoring.prompt_accuracy import prompt_targets, satisfies
 
     settings = EvalSettings(SampleSettings(), threshold=threshold)
@@ -110,7 +110,7 @@ def round_trip(tokenizer: Path, pictures: list) -> list:
     import numpy as np
     import torch
 
-    from pipelines.apps.generate import to_pil
+    from pipelines.apps.generate.sample import to_pil
     from pipelines.tasks.generation import load_tokenizer
 
     dvae = load_tokenizer(tokenizer).eval()

@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException
 from extraction import ImageError
 from extraction.draw import region_label
 from extraction.preprocess import decode_bytes, load_resized
-from pipelines.apps.generate import SampleSettings
-from pipelines.apps.generate_rerank import rank
+from pipelines.apps.generate.rerank import rank
+from pipelines.apps.generate.sample import SampleSettings
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.apps.serve.decode_budget import DecodeBudget
@@ -38,6 +38,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 MAX_BEAM_SIZE = 20
 DEFAULT_SAMPLES = 4  # images per prompt when the request does not say
 MAX_SAMPLES = 16
+MAX_SEED = 2**32 - 1  # torch generators take more, `xmodal generate sample --seed` no more
 
 
 def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
@@ -54,7 +55,9 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
     # no /docs: FastAPI's documentation page loads its scripts from a CDN and the server must work offline
     app = FastAPI(title="xmodal", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
-    app.add_middleware(UploadLimit, max_bytes=int(config.max_upload_mb * 2**20))
+    app.add_middleware(
+        UploadLimit, max_bytes=int(config.max_upload_mb * 2**20), body_seconds=config.body_timeout_s
+    )
     _add_error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
@@ -186,6 +189,8 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             raise ServiceError(400, f"temperature must be positive, got {temperature}")
         if not 0 <= guidance <= 100:
             raise ServiceError(400, f"guidance must lie in [0, 100], got {guidance}")
+        if not 0 <= seed <= MAX_SEED:
+            raise ServiceError(400, f"seed must lie in [0, {MAX_SEED}], got {seed}")
         rerank = rerank or ("captioner" if backend.captioner is not None else "likelihood")
         if rerank not in SERVER_RERANKERS:
             raise ServiceError(400, f"rerank must be one of {', '.join(SERVER_RERANKERS)}, got {rerank!r}")

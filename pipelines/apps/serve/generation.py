@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from pipelines.apps.generate import SampleSettings, decode, sample_tokens
-from pipelines.apps.generate_rerank import rerank_scores
+from pipelines.apps.generate.rerank import rerank_scores
+from pipelines.apps.generate.sample import SampleSettings, decode, sample_tokens
 from pipelines.tasks.text_to_image import TextToImageModel
 
 SERVER_RERANKERS = ("likelihood", "captioner", "none")  # contrastive needs other prompts: not offered

@@ -11,8 +11,8 @@ from PIL import Image
 
 from extraction.preprocess import resize_image
 from pipelines.apps.caption import CaptionResult
-from pipelines.apps.generate import SampleSettings
-from pipelines.apps.generate_rerank_captioner import caption_log_likelihood
+from pipelines.apps.generate.rerank_captioner import caption_log_likelihood
+from pipelines.apps.generate.sample import SampleSettings
 from pipelines.apps.serve.backend import Answered, Backend
 from pipelines.apps.serve.batching import Batcher
 from pipelines.apps.serve.config import ServeConfig

@@ -30,14 +30,43 @@ def test_pretraining_directory_bin_with_tied_decoder(tmp_path, vb):
     with torch.no_grad():
         ref = hf(**vb.hf_inputs(inputs))
         out = model.eval()(**inputs)
-    # transformers' sentence_image_labels: 0 = the text matches the image; xmodal's matched index is 1
-    torch.testing.assert_close(
-        out.matched_logits.softmax(-1)[:, MATCHED_INDEX],
-        ref.seq_relationship_logits.softmax(-1)[:, 0],
-        atol=1e-5,
-        rtol=1e-5,
+    # uclanlp/visualbert's weights score "matched" at row 1, as xmodal does: the rows stay where they are
+    torch.testing.assert_close(out.matched_logits, ref.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_head_trained_with_uclanlp_labels_keeps_its_meaning(tmp_path, vb):
+    """uclanlp/visualbert labels a pair `int(is_correct)` (dataloaders/coco_dataset.py `flag = True` for the
+    image's own caption, bert_data_utils.py `int(self.is_next)`): a head trained so must say "matched" at
+    xmodal's MATCHED_INDEX after `convert`, and again at transformers' row 1 after `--to-hf`."""
+    from model.visualbert.convert import export_hf
+
+    cfg = vb.small_config()
+    torch.manual_seed(0)
+    hf = transformers.VisualBertForPreTraining(vb.hf_config(cfg)).eval()
+    hf.config.architectures = ["VisualBertForPreTraining"]
+    inputs = vb.hf_inputs(vb.make_inputs(cfg, batch=4, padded=False))
+    is_correct = torch.tensor([True, False, True, False])
+    with torch.no_grad():
+        pooled = hf.visual_bert(**inputs).pooler_output
+    head = hf.cls.seq_relationship
+    opt = torch.optim.SGD(head.parameters(), lr=1.0)
+    for _ in range(50):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(head(pooled), is_correct.long()).backward()
+        opt.step()
+    hf.save_pretrained(tmp_path / "hf")
+    model, _ = read_hf_dir(tmp_path / "hf")
+    ours = vb.make_inputs(cfg, batch=4, padded=False)
+    with torch.no_grad():
+        matched = model.eval()(**ours).matched_logits.softmax(-1)[:, MATCHED_INDEX]
+    assert ((matched > 0.5) == is_correct).all(), matched
+    export_hf(model, tmp_path / "back")
+    back = transformers.VisualBertForPreTraining.from_pretrained(
+        tmp_path / "back", attn_implementation="eager"
     )
-    torch.testing.assert_close(out.matched_logits, ref.seq_relationship_logits.flip(-1), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        again = back.eval()(**inputs).seq_relationship_logits.softmax(-1)[:, 1]
+    torch.testing.assert_close(again, matched, atol=1e-5, rtol=1e-5)
 
 
 def test_question_answering_safetensors_directory(tmp_path, vb):
@@ -139,8 +168,6 @@ def test_export_is_a_directory_transformers_loads_whole(tmp_path, vb, ours, thei
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
     theirs_state = hf.state_dict()
     for name, value in model.state_dict().items():
-        if name.startswith("cls.seq_relationship."):  # "matched": our row 1, transformers' row 0
-            value = value.flip(0)
         torch.testing.assert_close(theirs_state[name], value, rtol=0, atol=0)
     if ours == "VisualBertForNLVR2":
         return  # its two images travel as one sequence in a layout transformers' class is not given here
@@ -152,7 +179,7 @@ def test_export_is_a_directory_transformers_loads_whole(tmp_path, vb, ours, thei
     elif ours == "VisualBertForPreTraining":
         torch.testing.assert_close(
             out.matched_logits.softmax(-1)[:, MATCHED_INDEX],
-            ref.seq_relationship_logits.softmax(-1)[:, 0],
+            ref.seq_relationship_logits.softmax(-1)[:, MATCHED_INDEX],
             atol=1e-5,
             rtol=1e-5,
         )

@@ -175,6 +175,28 @@ def test_caption_results_score_as_pycocoevalcap_does(tmp_path, capsys, monkeypat
     assert rc == 0 and f"CIDEr: {scores['CIDEr']:.2f}" in out and "  METEOR: java not found" in out
 
 
+def test_caption_references_whose_images_have_only_ids(tmp_path, capsys, monkeypatch):
+    """pycocotools indexes `images` by 'id' alone (COCO.createIndex, COCO.loadRes), so pycocoevalcap
+    scores a reference file without 'file_name'; `score caption` gives it the same numbers."""
+    from pycocotools.coco import COCO
+
+    monkeypatch.setattr("pipelines.scoring.captions.java_available", lambda: False)
+    gold, _ = _coco_references(tmp_path)
+    with open(gold) as f:
+        data = json.load(f)
+    data["images"] = [{"id": image["id"]} for image in data["images"]]
+    bare = _json(tmp_path / "ids_only.json", data)
+    preds = _json(tmp_path / "res.json", [{"image_id": 1, "caption": "a dog on the grass"}])
+    COCO(bare).loadRes(preds)  # the official tool takes both files
+    capsys.readouterr()  # what it printed
+    rc, out, err = _run(capsys, "caption", preds, "--gold", bare, "--json")
+    assert rc == 0, err
+    assert json.loads(out) == json.loads(_run(capsys, "caption", preds, "--gold", gold, "--json")[1])
+    data["images"] = [{"file_name": "x.jpg"}]
+    rc, _, err = _run(capsys, "caption", preds, "--gold", _json(tmp_path / "no_id.json", data))
+    assert rc == 1 and "images[0] needs an 'id'" in err
+
+
 @pytest.mark.parametrize(
     ("results", "match"),
     [

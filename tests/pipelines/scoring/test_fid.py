@@ -123,7 +123,7 @@ def test_fid_of_images_is_the_formula_on_their_features(random_inception_weights
 
 
 def test_evaluate_takes_both_fid_inputs_or_none(random_inception_weights, tmp_path):
-    from pipelines.apps.generate_eval import load_fid
+    from pipelines.apps.generate.evaluate import load_fid
 
     assert load_fid(None, None, 16) is None  # skipped, with skip_reason in the result
     with pytest.raises(FidError, match="go together"):

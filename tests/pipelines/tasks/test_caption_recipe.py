@@ -3,7 +3,9 @@ batches of several references per image, and its SCST reward against a re-implem
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from collections import Counter
 from dataclasses import replace
 
@@ -12,8 +14,9 @@ import pytest
 import torch
 
 from pipelines.engine import trainer
+from pipelines.engine.checkpoints import STATE_FILE, latest_checkpoint, read_state
 from pipelines.tasks.caption import RECIPES, CaptionTask, scheduled_sampling_prob
-from pipelines.tasks.finetuned import default_run
+from pipelines.tasks.finetuned import default_run, finetune
 
 from .caption_scenes import write_caption_corpus
 from .test_caption import caption_run
@@ -36,13 +39,26 @@ def test_self_critical_updown_recipe_is_the_repository_s():
     assert train.warmup_ratio == 0.0 and train.warmup_iters is None and train.epochs == 30
     assert task.scheduled_sampling_start == 0 and task.scheduled_sampling_every == 5
     assert task.scheduled_sampling_increase == 0.05 and task.scheduled_sampling_max == 0.25
-    assert task.unk_penalty == 1000.0 and task.model == {"normalize_features": False}
-    assert task.max_length == 16 and task.arch == "updown"
+    assert task.model == {"normalize_features": False}
+    assert task.max_length == 16 and task.arch == "updown"  # prepro_labels.py --max_length 16
+    # prepro_labels.py: words seen more than 5 times over every split of dataset_coco.json
+    assert task.vocab_min_count == 6 and task.vocab_from == "all"
+    # train.py validates every save_checkpoint_every (3000) iterations, greedy (opts.py beam_size 1: no
+    # <unk> penalty outside beam search) up to 20 words; its test decodes beam 5 with <unk> -1000
+    assert train.eval_every == 3000 and task.beam_size == 1 and task.unk_penalty == 0.0
+    assert task.decode_max_length == 20 and task.test_beam_size == 5 and task.test_unk_penalty == 1000.0
+    assert task.init_optimizer is False
     scst = default_run("caption", "self-critical-updown-scst")
     assert scst.task.scst_from_epoch == 0 and scst.task.scst_samples == 5  # greedy baseline: the loss's
     assert scst.task.scst_reward == "self-critical" and scst.task.scst_suppress_unk is False
     assert scst.train.lr == 5e-5 and scst.train.clip_value == 0.1 and scst.train.batch_size == 10
     assert scst.task.scheduled_sampling_start is None
+    # updown_sc.yml: --start_from the cross-entropy run (its Adam state too), epochs 30 -> 50
+    assert scst.task.init_optimizer is True and scst.train.epochs == 20 and scst.train.lr_gamma == 1.0
+    for name in ("vocab_min_count", "vocab_from", "beam_size", "unk_penalty", "decode_max_length",
+                 "test_beam_size", "test_unk_penalty"):  # fmt: skip
+        assert getattr(scst.task, name) == getattr(task, name), name
+    assert scst.train.eval_every == 3000
     # the defaults stay xmodal's, under their own name
     assert default_run("caption", "xmodal") == default_run("caption")
     assert set(RECIPES) == {"xmodal", "self-critical-updown", "self-critical-updown-scst"}
@@ -237,3 +253,90 @@ def test_self_critical_reward_equals_the_repository_s(corpus):
     ]
     np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-9, atol=1e-12)
     assert expected[1] > max(expected[2:])  # a reference itself scores highest
+
+
+# ---- the four settings issue 44 made the repository's: vocabulary, validation and test decoding, SCST start
+
+
+def _with_recipe(run, name: str):
+    """`run` with the recipe's data and decoding settings (the model and schedule stay the tiny run's)."""
+    task = default_run("caption", name).task
+    keys = ("vocab_min_count", "vocab_from", "beam_size", "unk_penalty", "decode_max_length",
+            "test_beam_size", "test_unk_penalty")  # fmt: skip
+    run.task = replace(run.task, **{k: getattr(task, k) for k in keys})
+    return run
+
+
+def test_the_vocabulary_counts_every_split_more_than_five_times(corpus, tmp_path):
+    """prepro_labels.py's build_vocab: counts over every image of dataset_coco.json, `n > count_thr`."""
+    store, split_file = corpus
+    data = json.loads(split_file.read_text())
+    for k, row in enumerate(data["images"]):  # 'zebra' 6 times in val only, 'kite' 5 times in train
+        if row["split"] == "val" and sum(r["split"] == "val" for r in data["images"][: k + 1]) <= 6:
+            row["sentences"][0]["tokens"].append("zebra")
+        if row["split"] == "train" and sum(r["split"] == "train" for r in data["images"][: k + 1]) <= 5:
+            row["sentences"][0]["tokens"].append("kite")
+    edited = tmp_path / "dataset_coco.json"
+    edited.write_text(json.dumps(data))
+    counts = Counter(w for row in data["images"] for s in row["sentences"] for w in s["tokens"])
+    run = _with_recipe(caption_run((store, edited)), "self-critical-updown")
+    words = set(CaptionTask(run.task).vocab.words[4:])
+    assert words == {w for w, n in counts.items() if n > 5}
+    assert "zebra" in words and "kite" not in words
+    xmodal = set(CaptionTask(replace(run.task, vocab_min_count=5, vocab_from="train")).vocab.words[4:])
+    assert "kite" in xmodal and "zebra" not in xmodal  # xmodal's own: at least 5, training splits
+
+
+def test_validation_is_greedy_to_20_words_and_evaluate_beam_5(corpus, tmp_path, monkeypatch):
+    import pipelines.tasks.caption as caption
+    from pipelines.apps.evaluate import evaluate
+
+    monkeypatch.setattr("pipelines.scoring.captions.java_available", lambda: False)
+    seen = []
+
+    def spy(model, features, mask, beam_size, **options):
+        seen.append((beam_size, options["max_length"], options["unk_penalty"]))
+        return real(model, features, mask, beam_size, **options)
+
+    real = caption.beam_search
+    monkeypatch.setattr(caption, "beam_search", spy)
+    store, split_file = corpus
+    finetune(_with_recipe(caption_run(corpus, steps=2), "self-critical-updown"), tmp_path / "run")
+    assert seen and set(seen) == {(1, 20, 0.0)}  # the run's validation
+    seen.clear()
+    evaluate(tmp_path / "run" / "last", [store], [f"{split_file}:val"], tmp_path / "test.json")
+    assert set(seen) == {(5, 20, 1000.0)}
+    seen.clear()
+    evaluate(tmp_path / "run" / "last", [store], [f"{split_file}:val"], tmp_path / "b2.json", beam_size=2)
+    assert set(seen) == {(2, 20, 1000.0)}
+
+
+def test_the_scst_recipe_continues_the_cross_entropy_run_s_adam_state(corpus, tmp_path):
+    """updown_sc.yml's --start_from: the weights and optimizer.pth of the cross-entropy run; the new rate."""
+    finetune(caption_run(corpus, steps=3), tmp_path / "xe")
+    saved = read_state(latest_checkpoint(tmp_path / "xe" / "checkpoints") / STATE_FILE)["optimizer"]["state"]
+    init = str(tmp_path / "xe" / "last")
+    run = caption_run(corpus, steps=2, scst_from_epoch=0, init=init, init_optimizer=True)
+    run.train.lr = 5e-5
+    started = trainer.TrainingRun(CaptionTask(run.task), run.train, tmp_path / "scst", resume=False)
+    started._build()
+    started._restore()
+    state = started.optimizer.state_dict()["state"]
+    assert saved and state.keys() == saved.keys()
+    for k in saved:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(state[k][name], saved[k][name]), (k, name)
+    assert all(group["lr"] == 5e-5 for group in started.optimizer.param_groups)
+    fresh = trainer.TrainingRun(
+        CaptionTask(replace(run.task, init_optimizer=False)), run.train, tmp_path / "fresh", resume=False
+    )
+    fresh._build()
+    fresh._restore()
+    assert fresh.optimizer.state_dict()["state"] == {}
+    summary = finetune(run, tmp_path / "scst")  # and the SCST steps run on from there
+    assert summary["step"] == 2
+    shutil.copytree(tmp_path / "xe" / "last", tmp_path / "lone")  # weights without their run
+    lone = replace(run.task, init=str(tmp_path / "lone"))
+    with pytest.raises(ValueError, match="has no optimizer state to continue") as exc:
+        CaptionTask(lone).init_trainer_states()
+    assert len(str(exc.value).splitlines()) == 1

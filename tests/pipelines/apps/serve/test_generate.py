@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from extraction.preprocess import resize_image
-from pipelines.apps.generate import SampleSettings, sample_tokens
-from pipelines.apps.generate_rerank import image_log_likelihood
-from pipelines.apps.generate_rerank_captioner import caption_log_likelihood
+from pipelines.apps.generate.rerank import image_log_likelihood
+from pipelines.apps.generate.rerank_captioner import caption_log_likelihood
+from pipelines.apps.generate.sample import SampleSettings, sample_tokens
 from pipelines.apps.serve.app import create_app
 from pipelines.apps.serve.backend import Backend, load_backend
 from pipelines.apps.serve.config import ServeConfig
@@ -88,6 +88,8 @@ def test_guidance_draws_what_the_guided_sampler_draws(drawing_only, dalle_run):
         ({"prompt": PROMPT, "n": "0"}, 400, "n must be between 1 and 16"),
         ({"prompt": PROMPT, "top_p": "1.5"}, 400, "top_p"),
         ({"prompt": PROMPT, "guidance": "-1"}, 400, "guidance must lie in [0, 100]"),
+        ({"prompt": PROMPT, "seed": str(2**70)}, 400, "seed must lie in [0, 4294967295]"),
+        ({"prompt": PROMPT, "seed": "-1"}, 400, "seed must lie in"),
         ({"prompt": PROMPT, "rerank": "clip"}, 400, "rerank must be one of"),
         ({"prompt": PROMPT, "rerank": "captioner"}, 400, "--caption-checkpoint"),
     ],

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.apps.generate import SampleSettings, decode, sample_tokens
-from pipelines.apps.generate_rerank import rank, rerank_scores
-from pipelines.apps.generate_rerank_matching import MatchingReranker
+from pipelines.apps.generate.rerank import rank, rerank_scores
+from pipelines.apps.generate.rerank_matching import MatchingReranker
+from pipelines.apps.generate.sample import SampleSettings, decode, sample_tokens
 from pipelines.cli import main
 from pipelines.data.regions import image_sizes, inputs_for, pad_regions, region_arrays
 from pipelines.data.text import encode_text, pad_text
@@ -20,7 +20,7 @@ from pipelines.tasks.finetuned import build_task
 from pipelines.tasks.text_to_image import TextToImageModel
 from storage import FeatureWriter, RegionFeatures
 
-from .test_generate_rerank_captioner import BOXES, PROMPT
+from .test_rerank_captioner import BOXES, PROMPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

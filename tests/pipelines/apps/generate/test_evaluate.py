@@ -16,9 +16,9 @@ from extraction.rcnn import VGFasterRCNN, init_random_weights
 from extraction.weights import save_detector_dir
 from model.dalle import DalleConfig, DalleTransformer, DiscreteVAE, DVAEConfig
 from pipelines.apps.demo.synthetic import COLOURS, SHAPES
-from pipelines.apps.generate import SampleSettings, decode, prompt_text, sample_tokens
-from pipelines.apps.generate_eval import EvalSettings, detect, detections, evaluate, load_detector
-from pipelines.apps.generate_rerank import image_log_likelihood, rerank_scores
+from pipelines.apps.generate.evaluate import EvalSettings, detect, detections, evaluate, load_detector
+from pipelines.apps.generate.rerank import image_log_likelihood, rerank_scores
+from pipelines.apps.generate.sample import SampleSettings, decode, prompt_text, sample_tokens
 from pipelines.cli import main
 from pipelines.data.captions import Vocabulary
 from pipelines.scoring.prompt_accuracy import prompt_targets, satisfies

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from extraction.config import SMALL_PRESET
-from pipelines.apps.generate import SampleSettings, decode, sample_tokens
-from pipelines.apps.generate_rerank import rank, rerank_scores
-from pipelines.apps.generate_rerank_captioner import CaptionerReranker
+from pipelines.apps.generate.rerank import rank, rerank_scores
+from pipelines.apps.generate.rerank_captioner import CaptionerReranker
+from pipelines.apps.generate.sample import SampleSettings, decode, sample_tokens
 from pipelines.cli import main
 from pipelines.tasks.finetune import FinetuneConfig
 from pipelines.tasks.finetuned import build_task

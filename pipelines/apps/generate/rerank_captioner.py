@@ -15,7 +15,7 @@ from PIL import Image
 
 from extraction.detector import Detector
 from pipelines.apps.ask import build_detector
-from pipelines.apps.generate_rerank import detect_images
+from pipelines.apps.generate.rerank import detect_images
 from pipelines.data.captions import tokenize_caption
 from pipelines.data.regions import pad_regions, region_arrays
 from pipelines.tasks.caption import CaptionTask

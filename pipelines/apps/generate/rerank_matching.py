@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pipelines.apps.generate_rerank_captioner import RegionReranker
+from pipelines.apps.generate.rerank_captioner import RegionReranker
 from pipelines.data.regions import image_sizes, inputs_for, pad_regions, region_arrays
 from pipelines.data.text import encode_text, pad_text
 from pipelines.tasks.finetuned import Finetuned

@@ -1,8 +1,8 @@
 """Re-ranking DALL-E's candidates without CLIP: by the transformer's own log-likelihood of each candidate's
 image tokens given the prompt, optionally contrasted with other prompts (how much better this prompt
 explains the image than prompts about something else), or by a judge that looks at the decoded images
-(a fine-tuned captioner's likelihood of the prompt: `generate_rerank_captioner`; a retrieval-tuned
-LXMERT/ViLBERT's matching score: `generate_rerank_matching`)."""
+(a fine-tuned captioner's likelihood of the prompt: `rerank_captioner`; a retrieval-tuned
+LXMERT/ViLBERT's matching score: `rerank_matching`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from extraction.detector import Detector
-from pipelines.apps.generate import decode, prompt_text
+from pipelines.apps.generate.sample import decode, prompt_text
 from pipelines.tasks.text_to_image import TextToImageModel
 from storage.records import RegionFeatures
 

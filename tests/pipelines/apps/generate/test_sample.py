@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from model.dalle import DalleConfig, DalleTransformer, DiscreteVAE, DVAEConfig
-from pipelines.apps.generate import SampleSettings, random_token_images, sample
+from pipelines.apps.generate.sample import SampleSettings, random_token_images, sample
 from pipelines.cli import main
 from pipelines.data.captions import Vocabulary
 from pipelines.tasks.text_to_image import DVAE_DIR, VOCAB_FILE, TextToImageModel
@@ -86,8 +86,8 @@ def test_bad_settings_are_one_line(checkpoint, tmp_path, capsys, extra, message)
 def test_sample_contrastive_ranks_against_the_given_prompts(checkpoint, tmp_path, capsys):
     import json
 
-    from pipelines.apps.generate import sample_tokens
-    from pipelines.apps.generate_rerank import image_log_likelihood
+    from pipelines.apps.generate.rerank import image_log_likelihood
+    from pipelines.apps.generate.sample import sample_tokens
 
     out = tmp_path / "out"
     args = ["generate", "sample", "a red circle", "--checkpoint", str(checkpoint), "--n", "3",

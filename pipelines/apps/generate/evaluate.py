@@ -14,8 +14,8 @@ from PIL import Image
 
 from extraction.detector import Detector
 from model.ranges import check_fields
-from pipelines.apps.generate import SampleSettings, decode, random_token_images, sample_tokens
-from pipelines.apps.generate_rerank import RERANKERS, Judge, detect_images, rerank_scores
+from pipelines.apps.generate.rerank import RERANKERS, Judge, detect_images, rerank_scores
+from pipelines.apps.generate.sample import SampleSettings, decode, random_token_images, sample_tokens
 from pipelines.scoring.fid import FidError, InceptionFeatures, fid, skip_reason
 from pipelines.scoring.prompt_accuracy import Detection, prompt_targets, satisfies
 from pipelines.tasks.text_to_image import TextToImageModel
