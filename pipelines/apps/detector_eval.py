@@ -11,7 +11,7 @@ from extraction.detector import Detector
 from extraction.precision import float32_precision
 from pipelines.data.detection import DetectionCollate, DetectionDataset, load_detection_json
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
-from pipelines.tasks.detection import DetectorTaskConfig, evaluate_detector
+from pipelines.tasks.detection import DetectorTaskConfig, evaluate_detector, report_counts
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ def evaluate_weights(
     if not Path(weights).exists():
         raise FileNotFoundError(f"detector weights {str(weights)!r} do not exist")
     data = load_detection_json(annotations, images, strict=strict)
+    report_counts(annotations, data)
     device = pick_device(device)
     kwargs = {"preset": preset} if preset else {}
     if not Path(weights).is_dir():

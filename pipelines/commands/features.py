@@ -13,6 +13,7 @@ from pipelines.commands.vg_vocab import add_vg_vocab_option, vg_vocab
 log = logging.getLogger(__name__)
 
 LS_LIMIT = 100
+SHOW_MIN_SCORE = 0.5  # `features show` draws the regions the detector is this sure of, as the demo's pictures
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -233,12 +234,21 @@ def _add_show(sub) -> None:
     p.add_argument("img_id", help="record id")
     p.add_argument("--image", required=True, help="the image the record was extracted from")
     p.add_argument("--out", required=True, help="output image (.png or .jpg)")
+    p.add_argument(
+        "--min-score",
+        type=float,
+        default=SHOW_MIN_SCORE,
+        metavar="S",
+        help=f"draw the regions whose object score is at least S, and always the best one (default "
+        f"{SHOW_MIN_SCORE}, as the demo's pictures; 0 draws them all)",
+    )
     add_vg_vocab_option(p)
     p.set_defaults(_action=_show)
 
 
 def _show(args: argparse.Namespace) -> int:
     import cv2
+    import numpy as np
 
     from extraction import load_image
     from extraction.draw import draw_regions
@@ -260,9 +270,16 @@ def _show(args: argparse.Namespace) -> int:
             f"{args.image} is {width}x{height} but {args.img_id!r} was extracted from a "
             f"{rec.img_w}x{rec.img_h} picture; give the image the record was extracted from"
         )
-    drawn = draw_regions(picture, rec, objects, attributes).image
+    if not 0.0 <= args.min_score <= 1.0:
+        raise ValueError(f"--min-score {args.min_score}: give a score between 0 and 1")
+    order = np.argsort(-rec.objects_conf, kind="stable")
+    order = order[: max(1, int((rec.objects_conf >= args.min_score).sum()))] if rec.num_boxes else order
+    drawn = draw_regions(picture, rec, objects, attributes, regions=order, show_conf=True).image
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), drawn):
         raise ValueError(f"cannot write {args.out}: use a .png or .jpg name in a writable folder")
-    print(f"{args.out}: {rec.num_boxes} regions of {args.img_id!r} drawn")
+    print(
+        f"{args.out}: {len(order)} of the {rec.num_boxes} regions of {args.img_id!r} drawn (object score "
+        f">= {args.min_score:g}, and the best one; --min-score 0 draws them all)"
+    )
     return 0

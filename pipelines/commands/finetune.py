@@ -55,7 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "self-critical-updown-scst, its SCST phase)",
     )
     parser.add_argument("--init", help="pre-trained directory (runs/pretrain/last); omitted: random weights")
-    parser.add_argument("--vocab", help="vocab.txt or hub id (default: the --init directory's vocab.txt)")
+    parser.add_argument(
+        "--vocab",
+        help="the words, for every task: a vocab.txt (`xmodal vocab build questions.csv captions.json --out "
+        "vocab.txt`; a captioner keeps its whole words) or a run directory holding one; a hub id for the "
+        "text tasks (default: the --init directory's, else bert-base-uncased; a captioner's from its "
+        "training captions)",
+    )
     parser.add_argument(
         "--answers", help="answer table (trainval_ans2label.json); default: from --train labels"
     )
@@ -95,14 +101,18 @@ def resolve_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from pipelines.tasks import get_finetune_task
+    from pipelines.tasks.finetune import check_labelled
     from pipelines.tasks.finetuned import finetune
 
     out = Path(args.out)
     try:
         run_cfg = resolve_config(args)
-        if args.images:
+        kind = get_finetune_task(args.task)
+        if args.images:  # the rows' labels, then the vocabulary, are checked before any image is extracted
             files = [*run_cfg.task.train_files, *run_cfg.task.valid_files]
-            store = store_for_rows(args, get_finetune_task(args.task).load_examples, files)
+            check_labelled(kind.load_examples, files)
+            kind.text_vocabulary(run_cfg.task)
+            store = store_for_rows(args, kind.load_examples, files)
             run_cfg.task.features = [str(store)]
         elif not run_cfg.task.features:
             raise ValueError("give the features: --features feats.lmdb, or --images DIR to extract them")

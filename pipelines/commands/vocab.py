@@ -8,11 +8,13 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    build = sub.add_parser("build", help="train a WordPiece vocab from text or JSON files")
+    build = sub.add_parser("build", help="train a WordPiece vocab from your text, question or caption files")
     build.add_argument(
         "corpus",
         nargs="+",
-        help="text files (one sentence per line) or pre-training / VQA / GQA / NLVR2 JSON",
+        help="text files (one sentence per line), question rows (CSV/TSV, JSON, JSON lines, Parquet: "
+        "`question` or `sent`), caption files ({image, caption} rows, Karpathy's dataset_*.json, COCO's "
+        "captions_*.json) or pre-training JSON",
     )
     build.add_argument("--out", required=True, help="vocab.txt to write")
     build.add_argument("--vocab-size", type=int, default=None, help="target size (default: BERT's 30522)")

@@ -15,11 +15,15 @@ import torch
 from torch.utils.data import Dataset
 
 from extraction.preprocess import batch_images, load_image, resize_image
+from model.files import read_text
 from pipelines.data.json_rows import read_json
 
 log = logging.getLogger(__name__)
 
 COUNT_KEYS = ("clipped", "zero_area", "unknown_category", "crowd", "unknown_attribute")
+# far above any real image (COCO's most is 93, Visual Genome's a few hundred); every box is matched
+# against every anchor, so a million on one image would fill memory long before the first step
+MAX_BOXES_PER_IMAGE = 2000
 
 
 @dataclass
@@ -211,6 +215,8 @@ def load_detection_json(path: str | Path, images_dir: str | Path, strict: bool =
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a COCO detection object, got a JSON {type(data).__name__}")
     classes, class_index = _names_by_id(_rows(data, "categories", path), "categories", path)
+    if not classes:
+        raise ValueError(f"{path}: 'categories' is empty: a detector needs at least one class; list them")
     attributes, attribute_index = _names_by_id(
         _rows(data, "attributes", path, required=False), "attributes", path
     )
@@ -221,14 +227,17 @@ def load_detection_json(path: str | Path, images_dir: str | Path, strict: bool =
     for n, ann in enumerate(_rows(data, "annotations", path)):
         row = reader.read(ann, n)
         if row is not None:
-            per_image[row[0]].append(row[1:])
+            boxes = per_image[row[0]]
+            if len(boxes) == MAX_BOXES_PER_IMAGE:
+                raise ValueError(
+                    f"{path}: image {row[0]} has more than {MAX_BOXES_PER_IMAGE} boxes (annotation "
+                    f"{ann.get('id')!r} is one too many); no image holds that many objects: fix the file"
+                )
+            boxes.append(row[1:])
     annotated = [
         ImageAnnotation(image_id, name, images_dir / name, width, height, *_stack(per_image[image_id]))
         for image_id, name, width, height in images
     ]
-    if any(reader.counts.values()):
-        found = ", ".join(f"{k} {v}" for k, v in reader.counts.items() if v)
-        log.warning("%s: %s; load with strict=True to see the first", path, found)
     return DetectionData(classes, attributes, annotated, reader.counts)
 
 
@@ -244,6 +253,14 @@ def _read_images(rows: list[dict], path: Path, images_dir: Path) -> list[tuple[i
             raise ValueError(f"{path}: image id {image_id} appears twice; give each image its own id")
         seen.add(image_id)
         file_name = _get(row, "file_name", str, path, where)
+        if (
+            PurePosixPath(file_name).is_absolute()
+            or ".." in PurePosixPath(file_name.replace("\\", "/")).parts
+        ):
+            raise ValueError(
+                f"{path}: image {image_id} file_name {file_name!r} leaves the images folder {images_dir} "
+                "(an absolute path or '..'); give paths relative to it"
+            )
         width, height = (_get(row, key, int, path, where) for key in ("width", "height"))
         if width <= 0 or height <= 0:
             raise ValueError(f"{path}: image {image_id} is {width}x{height}; fix its width and height")
@@ -425,10 +442,8 @@ def read_vocab(path: str | Path) -> tuple[list[str], dict[str, int]]:
     """A vocab file (one class per line, comma-separated synonyms, the first is the name):
     (names, every lower-cased synonym -> line index)."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read vocab {path}: {exc.strerror}; check the path") from exc
+    # a regular file of a plausible size, UTF-8: a FIFO would hang here and /dev/zero never end
+    lines = read_text(path, "vocab").splitlines()
     names: list[str] = []
     index: dict[str, int] = {}
     for n, line in enumerate(lines):
@@ -453,10 +468,10 @@ def _vg_sizes(path: Path) -> dict[int, tuple[int, int]]:
     sizes = {}
     for n, row in enumerate(_vg_list(path, "image_data.json")):
         where = f"row {n}"
-        sizes[_get(row, "image_id", int, path, where)] = (
-            _get(row, "width", int, path, where),
-            _get(row, "height", int, path, where),
-        )
+        image_id = _get(row, "image_id", int, path, where)
+        size = sizes[image_id] = (_get(row, "width", int, path, where), _get(row, "height", int, path, where))
+        if min(size) <= 0:
+            raise ValueError(f"{path}: image {image_id} is {size[0]}x{size[1]}; fix its width and height")
     return sizes
 
 
@@ -495,7 +510,11 @@ def convert_visual_genome(
     Category and attribute ids are vocab line + 1, so contiguous indices follow the vocab files; boxes
     are VG's x, y, w, h as they are (the loader clips them).
     """
-    objects_json = Path(objects_json)
+    objects_json, out_json = Path(objects_json), Path(out_json)
+    if out_json.exists() and not out_json.is_file():  # checked first: writing to a FIFO would hang
+        raise ValueError(
+            f"{out_json} exists and is not a regular file (a FIFO, device or folder); give a new path"
+        )
     class_names, class_index = read_vocab(objects_vocab)
     attribute_names, attribute_index = read_vocab(attributes_vocab)
     sizes = _vg_sizes(Path(image_data_json))
@@ -524,6 +543,8 @@ def convert_visual_genome(
             known = [attribute_index[w] + 1 for w in words if w in attribute_index]
             counts["unknown_attribute"] += len(words) - len(known)
             box = [_get(obj, key, (int, float), objects_json, where) for key in ("x", "y", "w", "h")]
+            if not all(math.isfinite(v) for v in box):
+                raise ValueError(f"{objects_json}: {where} box {box} holds a non-finite number; fix the file")
             kept.append(
                 {
                     "id": len(annotations) + len(kept) + 1,
@@ -550,7 +571,6 @@ def convert_visual_genome(
         "categories": [{"id": i + 1, "name": name} for i, name in enumerate(class_names)],
         "attributes": [{"id": i + 1, "name": name} for i, name in enumerate(attribute_names)],
     }
-    out_json = Path(out_json)
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(out, separators=(",", ":")) + "\n")
+    out_json.write_text(json.dumps(out, separators=(",", ":"), allow_nan=False) + "\n")
     return counts

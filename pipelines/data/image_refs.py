@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"}
 )
-_AMBIGUOUS = object()
+MAX_CANDIDATES = 8  # stored images named when a reference could be any of them
 
 
 class AmbiguousImage(ValueError):
@@ -53,7 +53,7 @@ class ImageIds:
     def __init__(self, contains: Callable[[str], bool], listing: Callable[[], Iterable[str]]) -> None:
         self._contains = contains
         self._listing = listing
-        self._by_stem: dict[str, object] | None = None
+        self._by_stem: dict[str, list[str]] | None = None
         self._cache: dict[str, str | None] = {}
 
     @classmethod
@@ -78,19 +78,21 @@ class ImageIds:
             raise AmbiguousImage(f"image {ref!r} could be any of {found}; name it with its suffix")
         if found:
             return found[0]
-        match = self._stems().get(file_stem(ref))
-        if match is _AMBIGUOUS:
+        match = self._stems().get(file_stem(ref), [])
+        if len(match) > 1:
+            listed = ", ".join(repr(m) for m in sorted(match)[:MAX_CANDIDATES])
+            more = f" and {len(match) - MAX_CANDIDATES} more" if len(match) > MAX_CANDIDATES else ""
             raise AmbiguousImage(
-                f"image {ref!r}: several stored images are called {file_stem(ref)!r}; name it by its path"
+                f"image {ref!r}: several stored images are called {file_stem(ref)!r} ({listed}{more}); "
+                "name it by its path"
             )
-        return match  # type: ignore[return-value]
+        return match[0] if match else None
 
-    def _stems(self) -> dict[str, object]:
+    def _stems(self) -> dict[str, list[str]]:
         if self._by_stem is None:
             self._by_stem = {}
             for img_id in self._listing():
-                stem = file_stem(img_id)
-                self._by_stem[stem] = _AMBIGUOUS if stem in self._by_stem else img_id
+                self._by_stem.setdefault(file_stem(img_id), []).append(img_id)
         return self._by_stem
 
 

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from pipelines.data.answers import AnswerTable
 from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import PaddedRegions, read_regions
-from pipelines.data.row_files import RowProblems, json_cell, kind_of, read_row_file
+from pipelines.data.row_files import RowProblems, json_cell, kind_of, rows_and_problems
 from pipelines.data.text import EncodedTexts
 from pipelines.data.vqa_official import OfficialVQA
 
@@ -74,7 +74,7 @@ def _answer_text(value: object) -> str | None:
 def _qa_label(row: dict, problems: list[str]) -> dict[str, float] | None:
     """The soft label of a row's `label`, `answers` or `answer`; None when it has none."""
     if row.get("label") not in (None, ""):
-        label = json_cell(row["label"])
+        label = json_cell(row["label"], strict=True)
         numeric = (int, float)
         if not isinstance(label, dict) or not all(
             isinstance(k, str) and isinstance(v, numeric) and not isinstance(v, bool)
@@ -84,7 +84,7 @@ def _qa_label(row: dict, problems: list[str]) -> dict[str, float] | None:
             return None
         return {k: float(v) for k, v in label.items()}
     if row.get("answers") not in (None, ""):
-        answers = json_cell(row["answers"])
+        answers = json_cell(row["answers"], strict=True)
         if isinstance(answers, str):  # a CSV cell: `red|red|dark red`
             answers = answers.split("|")
         if isinstance(answers, dict):
@@ -133,8 +133,11 @@ def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample
     for path in paths:
         if path in official.annotations:
             continue  # joined to their questions
-        problems = RowProblems(path)
-        rows = official.rows(path) if path in official.questions else read_row_file(path)
+        if path in official.questions:
+            rows, problems = official.rows(path), RowProblems(path)
+        else:  # a CSV's malformed lines are named with the other rows' problems
+            rows, problems = rows_and_problems(path)
+        empty_answers, answered = [], False  # an empty cell among answered rows is a mistake, not a test row
         for row in rows:
             fields = row.fields
             issues: list[str] = []
@@ -151,6 +154,9 @@ def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample
                 issues.append(f"{q_name!r} is {kind_of(question)} (give the question as text)")
                 question = None
             label = _qa_label(fields, issues)
+            answered = answered or label is not None
+            if label is None and any(fields.get(k) == "" for k in ("answer", "answers", "label")):
+                empty_answers.append(row)
             _, qid = _first(fields, ID_FIELDS)
             if qid is not None and (not isinstance(qid, (int, str)) or isinstance(qid, bool)):
                 issues.append(f"'question_id' is {kind_of(qid)} (give a number or text)")
@@ -173,6 +179,8 @@ def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample
                     question_type=fields.get("question_type"),
                 )
             )
+        for row in empty_answers if answered else ():
+            problems.add(row, "the answer is empty")
         problems.raise_if_any(QA_EXPECTED)
     return out
 

@@ -5,18 +5,27 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from model.files import JSON_LIMIT, regular_file
+from model.files import JSON_LIMIT, MAX_DEPTH, nesting_depth, regular_file
 
 MAX_LISTED = 8  # rows named in one refusal; the rest are counted
+MAX_LINE = 1 << 20  # bytes in one CSV/TSV line: a row is a few hundred (csv's own field limit is 128 KiB)
+BINARY = "{path}: a binary file, not JSON, JSON lines or CSV rows; give the row file"
 DATASETS_SUFFIXES = frozenset({".parquet", ".arrow"})
 
 
 class RowFileError(ValueError):
-    """A row file is unreadable or some of its rows are malformed; the message names the file and lines."""
+    """A row file is unreadable or some of its rows are malformed; the message names the file and lines.
+    `rows` and `problems` (else None): the readable rows and the problems, when the file could be read past
+    its malformed lines (a CSV line of too few values), for a reader to add its own (`rows_and_problems`)."""
+
+    rows: list[Row] | None = None
+    problems: RowProblems | None = None
 
 
 @dataclass(frozen=True)
@@ -45,16 +54,32 @@ def kind_of(value: object) -> str:
         return "text" if value.strip() else "empty"
     if value is None:
         return "null"
+    if isinstance(value, BadCell):
+        return value.reason
     return {"list": "a list", "dict": "an object"}.get(type(value).__name__, type(value).__name__)
 
 
-def json_cell(value: object) -> object:
-    """A CSV cell holding a JSON list or object is that list or object; anything else is itself."""
+@dataclass(frozen=True)
+class BadCell:
+    """A cell that opens like JSON but cannot be read as it (`reason`): no value, a problem to name."""
+
+    reason: str
+
+
+def json_cell(value: object, strict: bool = False) -> object:
+    """A CSV cell holding a JSON list or object is that list or object; anything else is itself. A cell
+    nested deeper than MAX_DEPTH is a BadCell, as is, with `strict` (a field that only holds JSON or plain
+    words), one that opens like JSON but is malformed: it would otherwise be read as literal text."""
     if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            return BadCell(f"malformed JSON ({exc.msg} at column {exc.colno})") if strict else value
+        except RecursionError:
+            return BadCell(f"JSON nested deeper than {MAX_DEPTH} levels")
+        if nesting_depth(parsed) > MAX_DEPTH:
+            return BadCell(f"JSON nested deeper than {MAX_DEPTH} levels")
+        return parsed
     return value
 
 
@@ -77,11 +102,28 @@ class RowProblems:
         row the file should hold."""
         if not self.by_row:
             return
-        listed = list(self.by_row.items())[:MAX_LISTED]
+        listed = sorted(self.by_row.items(), key=lambda item: _line_order(item[0]))[:MAX_LISTED]
         parts = [f"{where}: {', '.join(problems)}" for where, problems in listed]
         more = len(self.by_row) - len(listed)
         tail = f"; and {more} more rows" if more > 0 else ""
         raise RowFileError(f"{self.path}: {'; '.join(parts)}{tail}; expected rows like {expected}")
+
+
+def _line_order(where: str) -> int:
+    """Where a problem is (`line 7`, `row 3 (line 12)`, `row 3`) as a number, to list them in file order."""
+    numbers = re.findall(r"\d+", where)
+    return int(numbers[-1]) if numbers else 0
+
+
+def rows_and_problems(path: str | Path) -> tuple[list[Row], RowProblems]:
+    """The readable rows of `path` and the problems of its malformed lines, for a reader that adds its own
+    problems to name every one at once (a file that cannot be read at all still raises RowFileError)."""
+    try:
+        return read_row_file(path), RowProblems(path)
+    except RowFileError as exc:
+        if exc.rows is None or exc.problems is None:
+            raise
+        return exc.rows, exc.problems
 
 
 def read_row_file(path: str | Path) -> list[Row]:
@@ -99,18 +141,40 @@ def read_row_file(path: str | Path) -> list[Row]:
     if path.suffix.lower() in DATASETS_SUFFIXES:
         return _read_with_datasets(path)
     try:
+        if path.suffix.lower() in (".csv", ".tsv"):
+            with open(path, "rb") as fh:  # streamed: a line is held alone, and only up to MAX_LINE
+                return _read_csv(path, _csv_lines(path, fh), "\t" if path.suffix.lower() == ".tsv" else ",")
         raw = path.read_bytes()
     except OSError as exc:
         raise RowFileError(f"cannot read {path}: {exc.strerror}; check the path") from exc
     if b"\0" in raw[:4096]:
-        raise RowFileError(f"{path}: a binary file, not JSON, JSON lines or CSV rows; give the row file")
+        raise RowFileError(BINARY.format(path=path))
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise RowFileError(f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from exc
-    if path.suffix.lower() in (".csv", ".tsv"):
-        return _read_csv(path, text, "\t" if path.suffix.lower() == ".tsv" else ",")
     return _read_json(path, text)
+
+
+def _csv_lines(path: Path, fh: BinaryIO) -> Iterator[str]:
+    """The lines of a CSV/TSV file, decoded one at a time; a line longer than MAX_LINE bytes is refused
+    naming it, before more of it is read."""
+    if b"\0" in fh.peek(4096)[:4096]:
+        raise RowFileError(BINARY.format(path=path))
+    for n, raw in enumerate(iter(lambda: fh.readline(MAX_LINE + 1), b""), 1):
+        if len(raw) > MAX_LINE:
+            raise RowFileError(
+                f"{path}: line {n} is longer than {MAX_LINE} bytes, far beyond any row; is it the right "
+                "file, with line breaks?"
+            )
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RowFileError(
+                f"{path}: line {n} is not UTF-8 text (byte {exc.start}); save the file as UTF-8"
+            ) from None
+        # byte order marks before the header (two, when a BOM-less tool saved a BOM file again)
+        yield line.lstrip("\ufeff") if n == 1 else line
 
 
 def _read_json(path: Path, text: str) -> list[Row]:
@@ -216,8 +280,8 @@ def _read_json_lines(path: Path, text: str) -> list[Row]:
     return rows
 
 
-def _read_csv(path: Path, text: str, delimiter: str) -> list[Row]:
-    reader = csv.reader(text.splitlines(keepends=True), delimiter=delimiter)
+def _read_csv(path: Path, lines: Iterable[str], delimiter: str) -> list[Row]:
+    reader = csv.reader(lines, delimiter=delimiter)
     try:
         header = [h.strip() for h in next(reader)]
     except StopIteration:
@@ -227,18 +291,29 @@ def _read_csv(path: Path, text: str, delimiter: str) -> list[Row]:
     if blank:
         problems.add("line 1", f"column(s) {blank} have no name in the header")
     rows = []
+    end = reader.line_num
     try:
         for values in reader:
-            line = reader.line_num
+            # a row starts on the line after the last one ended: a quoted value may span lines, and an
+            # unbalanced quote swallows many, so a problem is named where its row starts
+            line, end = end + 1, reader.line_num
             if not any(v.strip() for v in values):
                 continue
             if len(values) != len(header):
-                problems.add(f"line {line}", f"{len(values)} values for the header's {len(header)} columns")
+                spans = f" (a quote opened on this line runs to line {end})" if end > line else ""
+                problems.add(
+                    f"line {line}", f"{len(values)} values for the header's {len(header)} columns{spans}"
+                )
                 continue
             rows.append(Row({h: v for h, v in zip(header, values, strict=True) if h}, line, 0))
     except csv.Error as exc:
-        problems.add(f"line {reader.line_num}", f"not valid CSV ({exc})")
-    problems.raise_if_any(f"the header's columns {header}")
+        opened = f" (a quote opened on line {end + 1} may be unbalanced)" if reader.line_num > end + 1 else ""
+        problems.add(f"line {end + 1}", f"not valid CSV ({exc}){opened}")
+    try:
+        problems.raise_if_any(f"the header's columns {header}")
+    except RowFileError as exc:
+        exc.rows, exc.problems = rows, problems
+        raise
     return rows
 
 

@@ -85,23 +85,50 @@ def _checked(tokenizer, source):
     return tokenizer
 
 
+TEXT_FIELDS = ("sent", "question", "caption", "captions", "sentence")  # a row's sentences, by task
+ROW_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow")
+
+
 def corpus_texts(files: Sequence[str | Path]) -> Iterator[str]:
-    """Sentences of text files (one per line), pre-training JSON (`sentf`) or VQA/GQA/NLVR2 JSON (`sent`)."""
+    """Sentences of text files (one per line), pre-training JSON (`sentf`), question rows (LXMERT's `sent`,
+    or `question` in a JSON, JSON lines, CSV or Parquet file) and caption files (`{image, caption}` rows,
+    Karpathy's dataset_*.json, COCO's captions_*.json)."""
     for f in files:
         f = Path(f)
-        if f.suffix.lower() != ".json":
+        if f.suffix.lower() not in ROW_SUFFIXES and not f.is_dir():
             yield from _text_lines(f)
             continue
-        rows = read_json(f)
-        if not isinstance(rows, list):
-            raise ValueError(f"{f}: expected a JSON list of examples")
-        for i, row in enumerate(rows):
-            if not isinstance(row, dict) or not ("sentf" in row or "sent" in row):
-                raise ValueError(f"{f}: row {i} has neither 'sentf' nor 'sent'")
-            if isinstance(row.get("sent"), str):
-                yield row["sent"]
-            for sents in (row.get("sentf") or {}).values():
-                yield from (s for s in sents if isinstance(s, str))
+        data = read_json(f) if f.suffix.lower() == ".json" else None
+        if isinstance(data, dict) and ("images" in data or "annotations" in data):
+            from pipelines.data.captions import read_caption_file
+
+            yield from (raw for image in read_caption_file(f) for raw in image.raw)
+            continue
+        yield from _row_texts(f, data)
+
+
+def _row_texts(path: Path, data: object) -> Iterator[str]:
+    """The sentences of a row file's rows (`data`: its JSON document, None: not read yet); a file with rows
+    that hold no text is refused naming them all."""
+    from pipelines.data.row_files import Row, RowProblems, json_cell, read_row_file
+
+    if isinstance(data, list):
+        rows = [Row(r if isinstance(r, dict) else {}, None, i + 1) for i, r in enumerate(data)]
+    else:
+        rows = read_row_file(path)
+    problems = RowProblems(path)
+    texts: list[str] = []
+    for row in rows:
+        found = [row.fields[k] for k in TEXT_FIELDS if row.fields.get(k) not in (None, "")]
+        sentf = row.fields.get("sentf")
+        found += [s for sents in (sentf.values() if isinstance(sentf, dict) else ()) for s in sents]
+        cells = [json_cell(v) for v in found]
+        found = [t for v in cells for t in (v if isinstance(v, list) else [v])]
+        if not any(isinstance(t, str) and t.strip() for t in found):
+            problems.add(row, f"no text (one of {', '.join(repr(k) for k in ('sentf', *TEXT_FIELDS))})")
+        texts += [t for t in found if isinstance(t, str) and t.strip()]
+    problems.raise_if_any("question rows (image, question, answer) or caption rows (image, caption)")
+    yield from texts
 
 
 def _text_lines(path: Path) -> Iterator[str]:

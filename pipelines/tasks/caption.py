@@ -274,7 +274,15 @@ class CaptionTask(FinetuneTask):
                 "`xmodal vocab build captions.json --out vocab.txt`, or a caption run's vocab.json), "
                 "not a hub id"
             )
-        return Vocabulary.load(path) if path else None
+        try:
+            return Vocabulary.load(path) if path else None
+        except ValueError as exc:
+            if not cfg.vocab:
+                raise
+            raise ValueError(
+                f"--vocab: {exc}; a captioner takes a vocab.txt of one word per line or a caption run's "
+                "vocab.json"
+            ) from None
 
     def _vocabulary(self) -> Vocabulary:
         cfg = self.config

@@ -127,8 +127,11 @@ class DetectionTask:
         self.config = cfg
         self.seed = seed
         self.train_data: DetectionData = load_detection_json(cfg.annotations, cfg.images, strict=cfg.strict)
-        if not self.train_data.images:
-            raise ValueError(f"{cfg.annotations}: no image has a usable box; nothing to train on")
+        if not any(len(image.boxes) for image in self.train_data.images):
+            skipped = ", ".join(f"{k} {v}" for k, v in self.train_data.counts.items() if v) or "none given"
+            raise ValueError(
+                f"{cfg.annotations}: no image has a usable box (skipped: {skipped}); nothing to train on"
+            )
         self.valid_data: DetectionData | None = None
         if cfg.valid:
             self.valid_data = load_detection_json(
@@ -145,9 +148,9 @@ class DetectionTask:
         self.detector_config: DetectorConfig = resolve_config(cfg.preset, base=None, **overrides)[0]
         self.training: TrainingConfig = training_config(cfg.preset, **cfg.training)
         self.epoch = 0
-        _report_counts(cfg.annotations, self.train_data)
-        if self.valid_data is not None:
-            _report_counts(cfg.valid, self.valid_data)
+        report_counts(cfg.annotations, self.train_data)
+        if self.valid_data is not None and Path(cfg.valid).resolve() != Path(cfg.annotations).resolve():
+            report_counts(cfg.valid, self.valid_data)
 
     # ---- the Task protocol
     def build_model(self) -> torch.nn.Module:
@@ -194,10 +197,10 @@ class DetectionTask:
             parts.append(part)
         return _merge(parts)
 
-    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         losses = model(batch["images"], targets=batch["targets"], train_cfg=self.training)
         total = sum(losses.values())
-        return total, {k: float(v.detach()) for k, v in losses.items()}
+        return total, {k: v.detach() for k, v in losses.items()}
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:
@@ -276,7 +279,8 @@ def _merge(parts: list[dict]) -> dict:
     return merged
 
 
-def _report_counts(path: str, data: DetectionData) -> None:
+def report_counts(path: str | Path, data: DetectionData) -> None:
+    """One warning per annotation file: the bad annotations skipped or fixed, and the flag that stops."""
     fixed = {k: v for k, v in data.counts.items() if v}
     if fixed:
         log.warning(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,12 @@ from model import get_family
 from pipelines.data.answers import AnswerTable
 from pipelines.engine.checkpoints import latest_checkpoint
 from pipelines.engine.launch import fit
+from pipelines.engine.trainer import TrainConfig
 from pipelines.jobs.ray_runtime import ray_for_workers
 from pipelines.tasks import finetuning_tasks, get_finetune_task
 from pipelines.tasks.finetune import DEFAULT_ARCH, RUN_FILE, FinetuneConfig, FinetuneRun, FinetuneTask
+
+log = logging.getLogger(__name__)
 
 
 def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> FinetuneTask:
@@ -50,8 +55,26 @@ def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dic
         answers = get_finetune_task(run.task.task).load_outputs(latest, settings)[1]
     task = build_task(run.task, answers=answers)
     task.token_cache = out_dir / "cache"  # text tokenised once per run, reused by a resumed one
-    with ray_for_workers(run.train.workers, run.train.ray_address):
-        return fit(task, run.train, out_dir, resume=resume)
+    train = fitted_batch(run.train, len(task.train_examples), task.example_noun)
+    with ray_for_workers(train.workers, train.ray_address):
+        return fit(task, train, out_dir, resume=resume)
+
+
+def fitted_batch(train: TrainConfig, examples: int, noun: str = "examples") -> TrainConfig:
+    """`train` with the batch sized down, with a warning, to a training set smaller than one batch (a
+    folder of a few dozen photos): every example is then seen each step, as HF's Trainer and detectron2 run
+    a short last batch, instead of a refusal."""
+    if examples >= train.batch_size:
+        return train
+    unit = max(train.workers, int(os.environ.get("WORLD_SIZE", "1"))) * train.grad_accum
+    size = examples // unit * unit
+    if size == 0:
+        return train  # the trainer refuses it, naming --batch-size
+    log.warning(
+        "the training set has %d %s, fewer than one batch (--batch-size %d): training on batches of %d",
+        examples, noun, train.batch_size, size,
+    )  # fmt: skip
+    return replace(train, batch_size=size)
 
 
 @dataclass
@@ -70,15 +93,28 @@ class Finetuned:
         return get_finetune_task(self.task)
 
 
-def load_finetuned(directory: str | Path, device: str | torch.device = "cpu") -> Finetuned:
-    """Load `best/`, `last/` or a checkpoint directory written by a fine-tuning task's `save`."""
+def finetuned_run_file(directory: str | Path) -> Path:
+    """`directory`'s finetune.json; FileNotFoundError saying why there is none (a run without validation
+    keeps no best/: its last/ is named)."""
     directory = Path(directory)
     run_file = directory / RUN_FILE
+    last = directory.parent / "last"
+    if not run_file.is_file() and directory.name == "best" and (last / RUN_FILE).is_file():
+        raise FileNotFoundError(
+            f"{directory} does not exist: the run had no validation set (no --valid), so it kept no best "
+            f"checkpoint; use {last}"
+        )
     if not run_file.is_file():
         raise FileNotFoundError(
             f"{run_file} not found: {directory} is not a fine-tuned directory (use runs/<task>/best or last)"
         )
-    settings = json.loads(run_file.read_text())
+    return run_file
+
+
+def load_finetuned(directory: str | Path, device: str | torch.device = "cpu") -> Finetuned:
+    """Load `best/`, `last/` or a checkpoint directory written by a fine-tuning task's `save`."""
+    directory = Path(directory)
+    settings = json.loads(finetuned_run_file(directory).read_text())
     kind = get_finetune_task(settings["task"])
     tokenizer, answers = kind.load_outputs(directory, settings)
     model = kind.load_head(get_family(settings.get("arch", DEFAULT_ARCH)), directory, answers)

@@ -328,3 +328,17 @@ def test_extract_with_trained_weights_records_the_names_and_show_draws_them(
     for text in texts:  # "attribute object" in the run's own names, not attr2 obj1
         attribute, name = text.split()
         assert attribute in COLOURS and name in SHAPES, text
+
+
+def test_a_store_records_the_preset_that_ran_once(run_dir):
+    """Issue 45: a store made with a c4-small run directory said `preset: "c4-small"` beside
+    `extract_settings.preset: "vg-r101-c4"` (the --preset default the directory overrides)."""
+    from extraction import Detector
+    from pipelines.jobs.extract.config import ExtractConfig, recorded_settings
+
+    weights = run_dir / "last"
+    provenance = Detector.build(weights=weights, min_boxes=3, max_boxes=3).provenance()
+    cfg = ExtractConfig(inputs=["photos"], weights=str(weights), min_boxes=3, max_boxes=3)
+    assert cfg.preset == "vg-r101-c4" and provenance["preset"] == "c4-small"
+    recorded = recorded_settings(cfg, provenance)["preset"], recorded_settings(cfg, None)["preset"]
+    assert recorded == ("c4-small", "c4-small")  # the store's, and a resumed job's to compare with

@@ -120,3 +120,26 @@ def test_a_reader_that_stops_early_is_no_error(store):
     os.close(write)
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
     assert proc.returncode == 0, proc.stderr
+
+
+def test_show_draws_the_regions_above_a_score_and_says_how_many(tmp_path, capsys):
+    """Issue 45: as the demo's pictures, regions scored 0.5 or more by default (always the best one)."""
+    from PIL import Image
+
+    path = tmp_path / "feats.lmdb"
+    scores = np.array([0.9, 0.2, 0.6, 0.1], np.float32)
+    boxes = np.array([[k, k, k + 9, k + 9] for k in (0, 10, 20, 30)], np.float32)
+    with FeatureWriter(path, feature_dim=4, max_boxes=4) as writer:
+        writer.put(
+            RegionFeatures(
+                img_id="a", img_h=40, img_w=40, boxes=boxes, features=np.ones((4, 4), np.float32),
+                objects_id=np.zeros(4, np.int64), objects_conf=scores, attrs_id=np.zeros(4, np.int64),
+                attrs_conf=np.ones(4, np.float32),
+            )
+        )  # fmt: skip
+    Image.new("RGB", (40, 40)).save(tmp_path / "a.png")
+    argv = ["features", "show", str(path), "a", "--image", str(tmp_path / "a.png")]
+    argv += ["--out", str(tmp_path / "d.png")]
+    for extra, drawn in (([], 2), (["--min-score", "0"], 4), (["--min-score", "0.95"], 1)):
+        assert main([*argv, *extra]) == 0
+        assert f"{drawn} of the 4 regions of 'a' drawn" in capsys.readouterr().out

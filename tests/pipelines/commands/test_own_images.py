@@ -98,6 +98,12 @@ def sitting(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+def _vocab(root: Path) -> Path:
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    return vocab
+
+
 def _images_argv(s: dict[str, Path]) -> list[str]:
     return ["--images", str(s["photos"]), "--extract-config", str(s["extract"]), "--cache", str(s["cache"])]
 
@@ -182,6 +188,7 @@ def test_rows_naming_pictures_the_folder_lacks_are_listed(sitting, tmp_path, cap
         "image,question,answer\nIMG_001.jpg,what?,red\nholiday/IMG_999.jpg,what?,red\nnope,x?,red\n"
     )
     argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    argv += ["--vocab", str(sitting["vocab"])]  # the rows' images are looked up after the vocabulary
     assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
@@ -197,8 +204,9 @@ def test_an_ambiguous_name_is_refused_not_guessed(tmp_path, capsys):
     rows = tmp_path / "q.json"
     rows.write_text(json.dumps([{"image": "x.jpg", "question": "what?", "answer": "red"}]))
     argv = ["finetune", "vqa", "--images", str(photos), "--cache", str(tmp_path / "cache")]
+    argv += ["--vocab", str(_vocab(tmp_path))]  # the rows' images are looked up after the vocabulary
     assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
-    assert "several stored images are called 'x'" in capsys.readouterr().err
+    assert "several stored images are called 'x' ('a/x.jpg', 'b/x.jpg')" in capsys.readouterr().err
 
 
 def test_a_picture_in_a_suffix_xmodal_does_not_read_is_named_as_such(tmp_path, capsys):
@@ -209,6 +217,7 @@ def test_a_picture_in_a_suffix_xmodal_does_not_read_is_named_as_such(tmp_path, c
     rows = tmp_path / "q.csv"
     rows.write_text("image,question,answer\na.jpg,what?,red\ntrip/b.heic,what?,blue\n")
     argv = ["finetune", "vqa", "--images", str(photos), "--cache", str(tmp_path / "cache")]
+    argv += ["--vocab", str(_vocab(tmp_path))]  # the rows' images are looked up after the vocabulary
     assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
@@ -221,6 +230,11 @@ MALFORMED = [
     ("no_columns.csv", "image,text\na.jpg,hello\n", ["line 2", "no 'question'"]),
     ("no_image.csv", "question,answer\nwhat?,red\n", ["line 2", "no 'image'", "image"]),
     ("short_row.csv", "image,question,answer\na.jpg,what?\n", ["line 2", "2 values for the header's 3"]),
+    (  # issue 45: the malformed lines and the other rows' problems in one refusal, an empty answer named
+        "every_problem.csv",
+        "image,question,answer\na.jpg,what?\nb.jpg,,red\nc.jpg,what?,\nIMG_001.jpg,what?,red\n",
+        ["line 2: 2 values for the header's 3", "line 3: no 'question'", "line 4: the answer is empty"],
+    ),
     ("bad.json", '[{"image": "a.jpg", "question": "q?", "answer": "red"},\n {"image": }]', ["line 2"]),
     ("bad.jsonl", '{"image": "a.jpg", "question": "q?", "answer": "red"}\n{"image": "b.jpg",\n', ["line 2"]),
     (
@@ -251,6 +265,7 @@ def test_each_malformed_file_is_one_error_line(name, content, named, sitting, tm
     path = tmp_path / name
     path.write_bytes(content.encode())
     argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    argv += ["--vocab", str(sitting["vocab"])]  # the rows' images are looked up after the vocabulary
     assert main([*argv, "--train", str(path), "--out", str(tmp_path / "run")]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1, err
@@ -268,9 +283,89 @@ def test_ctrl_c_while_extracting_for_a_run_is_one_line(sitting, tmp_path, monkey
 
     monkeypatch.setattr(image_cache, "images_store", interrupted)
     argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    argv += ["--vocab", str(sitting["vocab"])]  # the rows' images are looked up after the vocabulary
     assert main([*argv, "--train", str(sitting["questions"]), "--out", str(tmp_path / "run")]) == 130
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert err == [
         f"xmodal finetune: stopped while extracting {sitting['photos']}; the images extracted so far are "
         "kept in the cache: rerun the same command to resume"
     ]
+
+
+@pytest.fixture
+def no_extraction(monkeypatch):
+    """Fails a test that reaches the extraction: what it checks must be refused before."""
+    import pipelines.jobs.image_cache as image_cache
+
+    def extracted(*args, **kwargs):
+        raise AssertionError("the images were extracted before the refusal")
+
+    monkeypatch.setattr(image_cache, "images_store", extracted)
+
+
+@pytest.mark.parametrize("vocab", ["missing/vocab.txt", "no-such-org/no-such-tokenizer"])
+def test_the_vocabulary_is_checked_before_any_extraction(vocab, sitting, tmp_path, monkeypatch, no_extraction,
+                                                         capsys):  # fmt: skip
+    """Issue 45: offline, a tokenizer the run cannot load fails in one line before any photo is extracted."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    argv += ["--train", str(sitting["questions"]), "--vocab", vocab, "--out", str(tmp_path / "run")]
+    assert main(argv) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and vocab in err[0], err
+
+
+def test_a_questions_file_without_answers_names_the_file_and_its_rows(
+    sitting, tmp_path, no_extraction, capsys
+):
+    rows = tmp_path / "questions.csv"
+    rows.write_text("image,question\nIMG_001.jpg,what colour is the square?\nIMG_002,what is it?\n")
+    argv = ["finetune", "vqa", "--images", str(sitting["photos"]), "--cache", str(tmp_path / "cache")]
+    argv += ["--train", str(rows), "--vocab", str(sitting["vocab"]), "--out", str(tmp_path / "run")]
+    assert main(argv) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [
+        f"xmodal finetune: {rows}: 2 of 2 rows have no answer (the file has no 'answer' column: line 2, "
+        "line 3); fine-tuning needs labelled rows: give each an 'answer' (or 'answers', 'label')"
+    ]
+
+
+def _readme_own_images() -> list[list[str]]:
+    """The `xmodal` commands of the README's "Your own images" block, as written."""
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("## Your own images", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    lines = block.replace("\\\n", " ").splitlines()
+    return [shlex.split(line, comments=True)[1:] for line in lines if line.startswith("xmodal ")]
+
+
+@pytest.mark.slow
+def test_the_readme_section_runs_as_written_offline(sitting, ray_session, tmp_path, monkeypatch, capsys,
+                                                    one_thread):  # fmt: skip
+    """Issue 45: the README's own-images commands, in a folder holding photos/, questions.csv and
+    captions.json, with no hub (an empty HuggingFace cache, HF_HUB_OFFLINE) and the default batch of 32
+    for eight photos; only what keeps it to seconds is added (a small detector, a tiny model, 2 steps)."""
+    import shutil
+
+    for name in ("photos", "questions.csv", "captions.json"):
+        copy = shutil.copytree if sitting[name.split(".")[0]].is_dir() else shutil.copy
+        copy(sitting[name.split(".")[0]], tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("XMODAL_CACHE", str(tmp_path / "cache"))
+    small = {
+        "finetune": ["--preset", "tiny", "--max-steps", "2", "train.loader_workers=0"],
+        "ask": ["--min-size", "64", "--max-size", "96"],
+    }
+    commands = _readme_own_images()
+    assert [c[0] for c in commands] == ["vocab", "finetune", "ask", "finetune", "evaluate"]
+    for argv in commands:
+        extra = small.get(argv[0], [])
+        if "--images" in argv:
+            extra = [*extra, "--extract-config", str(sitting["extract"])]
+        capsys.readouterr()
+        assert main([*argv, *extra]) == 0, (argv, capsys.readouterr().err[-2000:])
+    assert (tmp_path / "runs" / "vqa" / "last").is_dir() and (tmp_path / "captions.pred.json").is_file()

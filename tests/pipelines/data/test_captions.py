@@ -122,3 +122,20 @@ def test_vocabulary_threshold_specials_and_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"words": ["a"]}))
     with pytest.raises(CaptionDataError, match="not a caption vocabulary"):
         Vocabulary.load(tmp_path / "bad.json")
+
+
+def test_a_vocab_txt_is_a_caption_vocabulary(tmp_path):
+    """Issue 45: `--vocab vocab.txt` means the same for a captioner: its whole words (no [PAD] or ##)."""
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n?\na\n##s\nsquare\nred\nred\n")
+    vocab = Vocabulary.load(path)
+    assert vocab.words == ["<pad>", "<bos>", "<eos>", "<unk>", "?", "a", "square", "red"]
+    assert Vocabulary.load(tmp_path).words == vocab.words  # a directory holding one
+
+
+def test_a_file_the_user_wrote_is_not_to_be_re_downloaded(tmp_path):
+    path = tmp_path / "vocab.json"
+    path.write_text("not json")
+    with pytest.raises(CaptionDataError) as err:
+        Vocabulary.load(path)
+    assert "vocab.json" in str(err.value) and "re-download" not in str(err.value)

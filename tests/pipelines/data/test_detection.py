@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import cv2
@@ -443,3 +448,135 @@ def test_visual_genome_needs_every_image_in_image_data(tmp_path: Path) -> None:
             vg["attributes_vocab"],
             tmp_path / "out.json",
         )
+
+
+def _escape(tmp_path: Path) -> Path:
+    path = _write(tmp_path, [_ann(1, [1, 2, 3, 4])])
+    doc = json.loads(path.read_text())
+    doc["images"][1]["file_name"] = "/etc/passwd"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _dotdot(tmp_path: Path) -> Path:
+    path = _write(tmp_path, [_ann(1, [1, 2, 3, 4])])
+    doc = json.loads(path.read_text())
+    doc["images"][0]["file_name"] = "../det.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (_escape, "image 9 file_name '/etc/passwd' leaves the images folder"),
+        (_dotdot, "image 5 file_name '../det.json' leaves the images folder"),
+        (lambda tmp_path: _write(tmp_path, [], categories=[]), "'categories' is empty"),
+        (
+            lambda tmp_path: _write(tmp_path, [_ann(i, [1, 2, 3, 4]) for i in range(2001)]),
+            "image 5 has more than 2000 boxes (annotation 2000",
+        ),
+    ],
+)
+def test_hostile_detection_files_are_one_line(make, needle: str, tmp_path: Path) -> None:
+    """Issue 46: paths outside --images, no categories, more boxes on one image than any real one."""
+    with pytest.raises(ValueError) as err:
+        load_detection_json(make(tmp_path), tmp_path / "img")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_million_boxes_on_one_image_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """A 200k-annotation image (a 10^6 one reached 15 GB in training): refused while loading, with the peak
+    that of parsing the file (VmHWM < 1.2 GB, torch included)."""
+    many = ",".join(
+        f'{{"id": {i}, "image_id": 5, "bbox": [1, 2, 3, 4], "category_id": 7}}' for i in range(200_000)
+    )
+    path = _write(tmp_path, [])
+    path.write_text(path.read_text().replace('"annotations": []', f'"annotations": [{many}]'))
+    script = f"""
+        from pipelines.data.detection import load_detection_json
+        try:
+            load_detection_json({str(path)!r}, {str(tmp_path / "img")!r})
+            print("loaded")
+        except ValueError as exc:
+            print("refused", "more than 2000 boxes" in str(exc))
+        print(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) >> 10)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outcome, peak_mb = proc.stdout.splitlines()
+    assert outcome == "refused True" and int(peak_mb) < 1200, proc.stdout
+
+
+@pytest.mark.timeout(120)  # a FIFO read used to hang
+def test_visual_genome_conversion_refuses_fifos_devices_and_non_finite_boxes(tmp_path: Path) -> None:
+    """Issue 46: a FIFO or /dev/zero as a vocab, a FIFO as --out: one line, no hang; NaN boxes and
+    non-positive sizes are named, never written (NaN is not JSON); random bytes as a vocab name the file."""
+    vg = _vg_files(tmp_path)
+    os.mkfifo(tmp_path / "fifo")
+
+    def convert(**change) -> str:
+        args = {**vg, "out": tmp_path / "out.json", **change}
+        with pytest.raises((ValueError, OSError)) as err:
+            convert_visual_genome(
+                args["objects"],
+                args["attributes"],
+                args["image_data"],
+                args["objects_vocab"],
+                args["attributes_vocab"],
+                args["out"],
+            )
+        return str(err.value)
+
+    assert "not a regular file" in convert(objects_vocab=tmp_path / "fifo")
+    assert "not a regular file" in convert(attributes_vocab=Path("/dev/zero"))
+    assert "fifo exists and is not a regular file" in convert(out=tmp_path / "fifo")
+    (tmp_path / "noise.txt").write_bytes(bytes(range(128, 256)) * 4)
+    assert "noise.txt" in convert(objects_vocab=tmp_path / "noise.txt")
+    objects = json.loads(vg["objects"].read_text())
+    objects[0]["objects"][0]["w"] = float("nan")
+    vg["objects"].write_text(json.dumps(objects))
+    assert "holds a non-finite number" in convert()
+    vg["image_data"].write_text(json.dumps([{"image_id": 1, "width": -5, "height": 50}]))
+    assert "image 1 is -5x50" in convert()
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_training_on_only_unknown_or_crowd_boxes_is_refused(tmp_path: Path) -> None:
+    """Issue 46: every box skipped (unknown category, crowd) used to train on empty images, exit 0."""
+    from pipelines.tasks.detection import DetectionTask, DetectorTaskConfig
+
+    path = _write(tmp_path, [_ann(1, [1, 2, 3, 4], category_id=99), _ann(2, [1, 2, 3, 4], iscrowd=1)])
+    with pytest.raises(
+        ValueError, match=r"no image has a usable box \(skipped: unknown_category 1, crowd 1\)"
+    ):
+        DetectionTask(DetectorTaskConfig(images=str(tmp_path / "img"), annotations=str(path)))
+
+
+def test_bad_annotations_are_one_warning_naming_the_flag(tmp_path: Path, caplog) -> None:
+    """Issue 45: `detector train` said it four times (loader and task, train and the same file as --valid)
+    and named `strict=True`; once per file, naming --strict."""
+    from pipelines.tasks.detection import DetectionTask, DetectorTaskConfig
+
+    path = _write(tmp_path, [_ann(1, [1, 2, 3, 4]), _ann(2, [1, 2, 3, 4], category_id=99)])
+    cfg = DetectorTaskConfig(images=str(tmp_path / "img"), annotations=str(path), valid=str(path))
+    with caplog.at_level("WARNING"):
+        DetectionTask(dataclasses.replace(cfg, preset="c4-small"))
+    said = [r.getMessage() for r in caplog.records if "unknown category" in r.getMessage()]
+    assert len(said) == 1 and "--strict" in said[0] and "strict=True" not in said[0], said
+
+
+def test_the_release_schedule_on_a_cpu_is_a_warning(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Issue 45: the default vg-r101-c4 preset's 90k steps on a CPU are said before they start."""
+    import pipelines.tasks.detection as detection
+    from pipelines.cli import main
+
+    monkeypatch.setattr(detection, "train_detector", lambda cfg, out, resume: {"step": 0})
+    argv = ["detector", "train", "--images", "img", "--annotations", "det.json", "--out", str(tmp_path / "r")]
+    with caplog.at_level("WARNING"):
+        assert main([*argv, "train.device=cpu"]) == 0
+        assert main([*argv, "train.device=cpu", "--preset", "c4-small"]) == 0
+    said = [r.getMessage() for r in caplog.records if "on the CPU" in r.getMessage()]
+    assert len(said) == 1 and "90000 steps of 16 images" in said[0] and "--preset c4-small" in said[0], said

@@ -79,3 +79,16 @@ def test_collate_qa_pads_text_and_regions_with_masks():
     assert collate_qa(_batch([3, 5], [2, 4], 5))["labels"].tolist() == [[0, 0, 0], [1, 1, 1]]
     unlabelled = collate_qa([one, _batch([2], [1], 5, labelled=False)])
     assert "labels" not in unlabelled
+
+
+def test_an_empty_answer_among_answered_rows_is_named(tmp_path):
+    """Issue 45: an empty answer cell is a mistake to name, with the file's other problems; a file with no
+    answers at all is an unlabelled (test) file."""
+    rows = tmp_path / "q.csv"
+    rows.write_text("image,question,answer\na.jpg,what?,red\nb.jpg,,red\nc.jpg,what?,\n")
+    with pytest.raises(ValueError) as err:
+        load_qa_examples(rows)
+    assert "line 3: no 'question'; line 4: the answer is empty" in str(err.value)
+    unlabelled = tmp_path / "test.csv"
+    unlabelled.write_text("image,question,answer\na.jpg,what?,\n")
+    assert load_qa_examples(unlabelled)[0].label is None

@@ -45,7 +45,7 @@ def test_bad_inputs(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text('[{"img_id": "1"}]')
     assert xmodal(["vocab", "build", str(bad), "--out", str(tmp_path / "v.txt")]) == 1
-    assert "row 0" in capsys.readouterr().err
+    assert "row 1: no text" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="xmodal vocab build"):
         load_tokenizer(tmp_path / "missing" / "vocab.txt")
     vocab = tmp_path / "vocab.txt"
@@ -123,3 +123,29 @@ def test_vocab_build_refuses_a_file_that_is_not_text_in_one_line(content, named,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(bad) in err[0] and named in err[0], err
     assert not (tmp_path / "vocab.txt").exists()
+
+
+def test_vocab_build_reads_the_own_data_formats(tmp_path, capsys):
+    """Issue 45: a questions CSV and {image, caption} JSON are rows, not plain text (no header or paths)."""
+    questions = tmp_path / "questions.csv"
+    questions.write_text("image,question,answer\n2023/IMG_001.jpg,what colour is the square?,red\n")
+    captions = tmp_path / "captions.json"
+    captions.write_text(json.dumps([{"image": "IMG_002.JPG", "caption": "a green triangle"}]))
+    karpathy = tmp_path / "dataset_coco.json"
+    karpathy.write_text(
+        json.dumps({"images": [{"filename": "x.jpg", "split": "val", "sentences": [{"raw": "a blue star"}]}]})
+    )
+    texts = list(corpus_texts([questions, captions, karpathy]))
+    assert texts == ["what colour is the square?", "a green triangle", "a blue star"]
+    out = tmp_path / "vocab.txt"
+    assert xmodal(["vocab", "build", str(questions), str(captions), "--out", str(out)]) == 0
+    words = set(out.read_text().splitlines())
+    assert {"square", "green", "triangle"} <= words and not {"image", "img", "jpg"} & words
+
+
+def test_vocab_build_names_every_row_without_text(tmp_path, capsys):
+    rows = tmp_path / "rows.csv"
+    rows.write_text("image,answer\na.jpg,red\nb.jpg,blue\n")
+    assert xmodal(["vocab", "build", str(rows), "--out", str(tmp_path / "vocab.txt")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "rows.csv: line 2: no text" in err and "line 3: no text" in err and len(err.splitlines()) == 1

@@ -213,3 +213,57 @@ def test_show_attend_tell_trains_on_a_grid_store_and_draws_its_attention_over_th
     assert result.attentions.shape == (len(result.words), 196)
     picture = cv2.imread(str(tmp_path / "attention.png"))
     assert picture is not None and picture.shape[0] > 224
+
+
+def test_vocab_means_a_word_list_for_a_captioner_too(corpus, tmp_path):
+    """Issue 45: `--vocab vocab.txt` (as `xmodal vocab build` writes) works; a hub id is one refusal."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n##ed\nred\ngreen\nblue\ncube\nball\ncone\n")
+    task = CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "vocab": str(vocab)}))
+    assert task.vocab.words[4:] == ["red", "green", "blue", "cube", "ball", "cone"]
+    with pytest.raises(
+        ValueError, match=r"^--vocab bert-base-uncased: no such file; a captioner takes a word"
+    ):
+        CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "vocab": "bert-base-uncased"}))
+    table = tmp_path / "questions.csv"
+    table.write_text("image,question,answer\n")
+    with pytest.raises(ValueError, match=r"^--vocab: caption JSON .*questions.csv.*: not valid JSON"):
+        CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "vocab": str(table)}))
+
+
+def test_a_tiny_caption_vocabulary_is_a_warning(corpus, caplog):
+    with caplog.at_level("WARNING"):
+        CaptionTask(FinetuneConfig(**{**caption_run(corpus).task.__dict__, "vocab_min_count": 1000}))
+    (warning,) = [r.getMessage() for r in caplog.records if "caption vocabulary" in r.getMessage()]
+    assert "has only 0 words" in warning and "pass --vocab vocab.txt" in warning
+
+
+def test_a_karpathy_file_validates_on_its_own_val_split(corpus, tmp_path, capsys):
+    """Issue 45: `--train dataset_coco.json` alone validates on the file's `val` images (LAVIS,
+    self-critical.pytorch), so the run keeps a best/; a run without validation says why it has none."""
+    store, split_file = corpus
+    cfg = {**caption_run(corpus).task.__dict__, "train_files": [str(split_file)], "valid_files": []}
+    task = CaptionTask(FinetuneConfig(**cfg))
+    assert len(task.train_examples) == 60 and len(task.valid_examples) == 12
+
+    run = caption_run(corpus, steps=1)
+    run.task.valid_files = []
+    finetune(run, tmp_path / "cap")
+    assert not (tmp_path / "cap" / "best").exists()
+    argv = ["evaluate", "caption", "--checkpoint", str(tmp_path / "cap" / "best"), "--features", str(store)]
+    assert main([*argv, "--split", f"{split_file}:val", "--out", str(tmp_path / "p.json")]) == 1
+    err = capsys.readouterr().err
+    assert "the run had no validation set" in err and str(tmp_path / "cap" / "last") in err
+
+
+def test_coco_captions_validate_on_the_val_file_beside_them(tmp_path):
+    from pipelines.tasks.caption import own_validation
+
+    doc = {"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [{"image_id": 1, "caption": "a cat"}]}
+    for name in ("captions_train2014.json", "captions_val2014.json"):
+        (tmp_path / name).write_text(json.dumps(doc))
+    rows = tmp_path / "captions.json"
+    rows.write_text(json.dumps([{"image": "a.jpg", "caption": "a cat"}]))
+    train = str(tmp_path / "captions_train2014.json")
+    assert own_validation([train]) == [str(tmp_path / "captions_val2014.json")]
+    assert own_validation([f"{train}:train", str(rows)]) == []  # a split chosen, or rows without splits

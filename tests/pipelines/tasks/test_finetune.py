@@ -251,7 +251,7 @@ def test_a_preset_with_init_is_ignored_with_a_warning(problem, caplog):
         preset="base",
     )
     task = build_task(cfg)
-    assert "task.preset=base is ignored" in caplog.text
+    assert "--preset base is ignored" in caplog.text
     assert task.model_config.hidden_size == LxmertConfig.preset("tiny").hidden_size  # the init's, not base
 
 
@@ -463,3 +463,15 @@ def test_two_ray_workers_fine_tune_and_write_best_and_last(problem, tmp_path, ra
     assert any("valid_consistency" in r for r in rows)
     for d in ("best", "last"):
         assert load_finetuned(out / d).task == "nlvr2"
+
+
+def test_a_training_set_smaller_than_a_batch_trains_on_batches_of_its_size(caplog):
+    """Issue 45: 27 photos' questions with the default batch of 32 train (a warning naming --batch-size)."""
+    from pipelines.engine.trainer import TrainConfig
+    from pipelines.tasks.finetuned import fitted_batch
+
+    with caplog.at_level(logging.WARNING):
+        assert fitted_batch(TrainConfig(batch_size=32), 27, "questions").batch_size == 27
+    assert "27 questions, fewer than one batch (--batch-size 32): training on batches of 27" in caplog.text
+    assert fitted_batch(TrainConfig(batch_size=32, grad_accum=2), 27).batch_size == 26  # divisible
+    assert fitted_batch(TrainConfig(batch_size=8), 27).batch_size == 8
