@@ -44,11 +44,13 @@ def read_text(path: str | Path, what: str = "file", limit: int = TEXT_LIMIT) -> 
     path = regular_file(path, what, limit)
     try:
         with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+            # what the file holds, +1 to see it grow: a read of `limit` bytes would reserve that much
+            size = min(os.fstat(fh.fileno()).st_size, limit)
+            data = fh.read(size + 1)
     except OSError as exc:
         raise ValueError(f"{what} {str(path)!r} cannot be read ({exc.strerror}); check the path") from None
-    if len(data) > limit:
-        raise ValueError(f"{what} {str(path)!r} is larger than {limit} bytes; check the path")
+    if len(data) > size:
+        raise ValueError(f"{what} {str(path)!r} grew while read (past {size} bytes); check the path")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

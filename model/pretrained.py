@@ -107,11 +107,19 @@ class PretrainedMixin:
         kwargs = init_kwargs if architecture == cls.__name__ else {}
         kwargs = {**kwargs, **{k: v for k, v in overrides.items() if k not in fields}}
         try:
-            model = cls(cfg, **kwargs)  # type: ignore[call-arg]
+            # shapes first, with no storage: a config.json whose sizes disagree with its weights (65536
+            # wide, 256 layers) is refused before the real build tries to allocate them
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                shapes = cls(cfg, **kwargs).state_dict()  # type: ignore[call-arg]
         except TypeError as err:
             raise TypeError(
                 f"cannot build {cls.__name__} from {directory} ({err}); pass the missing argument"
             ) from err
+        except Exception as err:  # noqa: BLE001 -- one that computes while built: the real build reports
+            log.debug("%s: shapes not checked before building (%s)", directory, err)
+        else:
+            _match_state(shapes, state, source.base_model_prefix, cls.base_model_prefix, str(directory))
+        model = cls(cfg, **kwargs)  # type: ignore[call-arg]
         load_weights(model, state, source.base_model_prefix, architecture, source=str(directory))
         return model
 
@@ -182,30 +190,8 @@ def load_weights(
 ) -> None:
     """Copy `state` (saved by `architecture`, backbone keys under `source_prefix`) into `model`: the backbone
     must be complete, heads are optional."""
-    dst_prefix = model.base_model_prefix
     own = model.state_dict()  # type: ignore[attr-defined]
-    mapped: dict[str, torch.Tensor] = {}
-    ignored: list[str] = []
-    for key, value in state.items():
-        if key.startswith(source_prefix):
-            mapped[dst_prefix + key[len(source_prefix) :]] = value
-        elif dst_prefix and key in own:
-            mapped[key] = value
-        else:
-            ignored.append(key)
-    backbone_missing = [k for k in own if k.startswith(dst_prefix) and k not in mapped]
-    if backbone_missing:
-        raise ValueError(f"{source}: backbone weights missing: {backbone_missing}")
-    bad_shapes = [k for k, v in mapped.items() if k in own and own[k].shape != v.shape]
-    backbone_bad = [k for k in bad_shapes if not dst_prefix or k.startswith(dst_prefix)]
-    if backbone_bad:
-        detail = [f"{k}: file {tuple(mapped[k].shape)} vs model {tuple(own[k].shape)}" for k in backbone_bad]
-        raise ValueError(f"{source}: backbone shapes differ from the config: {detail}")
-    unknown = [k for k in mapped if k not in own]
-    if unknown:
-        raise ValueError(f"{source}: unexpected weights: {unknown}")
-    for key in bad_shapes:
-        del mapped[key]
+    mapped, ignored = _match_state(own, state, source_prefix, model.base_model_prefix, source)
     heads_fresh = sorted(k for k in own if k not in mapped)
     model.load_state_dict(mapped, strict=False)  # type: ignore[attr-defined]
     if heads_fresh:
@@ -224,3 +210,42 @@ def load_weights(
             type(model).__name__,
             ignored,
         )
+
+
+def _match_state(
+    own: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    source_prefix: str,
+    dst_prefix: str,
+    source: str,
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """`state`'s tensors under the model's names (heads of another shape left out) and the keys ignored;
+    a ValueError when the backbone is incomplete or of other shapes. `own` may be on the meta device."""
+    mapped: dict[str, torch.Tensor] = {}
+    ignored: list[str] = []
+    for key, value in state.items():
+        if key.startswith(source_prefix):
+            mapped[dst_prefix + key[len(source_prefix) :]] = value
+        elif dst_prefix and key in own:
+            mapped[key] = value
+        else:
+            ignored.append(key)
+    backbone_missing = [k for k in own if k.startswith(dst_prefix) and k not in mapped]
+    if backbone_missing:
+        raise ValueError(f"{source}: backbone weights missing: {_few(backbone_missing)}")
+    bad_shapes = [k for k, v in mapped.items() if k in own and own[k].shape != v.shape]
+    backbone_bad = [k for k in bad_shapes if not dst_prefix or k.startswith(dst_prefix)]
+    if backbone_bad:
+        detail = [f"{k}: file {tuple(mapped[k].shape)} vs model {tuple(own[k].shape)}" for k in backbone_bad]
+        raise ValueError(f"{source}: backbone shapes differ from the config: {_few(detail)}")
+    unknown = [k for k in mapped if k not in own]
+    if unknown:
+        raise ValueError(f"{source}: unexpected weights: {_few(unknown)}")
+    for key in bad_shapes:
+        del mapped[key]
+    return mapped, ignored
+
+
+def _few(items: list[str]) -> str:
+    """The first of a list that may run to thousands of keys (a config far from its weights)."""
+    return f"{items[:8]}" + (f" and {len(items) - 8} more" if len(items) > 8 else "")

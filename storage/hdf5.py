@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from storage.errors import BadInputError
+from storage.errors import BadInputError, StoreFormatError
+from storage.file_checks import regular_file
+from storage.metadata import MAX_BOXES, MAX_FEATURE_DIM
 from storage.reader import FeatureReader
 from storage.records import CLASS_PROBS_DTYPE, UNKNOWN_LABEL, RegionFeatures
 
@@ -20,6 +24,8 @@ H5_FORMAT_VERSION = 1
 log = logging.getLogger(__name__)
 
 _BLOCK = 64  # rows read per HDF5 call when importing
+_BLOCK_BYTES = 64 << 20  # and at most this much of the widest dataset per call
+_FIX = "check the file, or re-export it (`xmodal features export`)"
 _LABEL_FIELDS = ("objects_id", "objects_conf", "attrs_id", "attrs_conf")
 
 
@@ -29,7 +35,7 @@ def read_hdf5(
     """Stream (where, record or error) row by row from either layout; `ids` maps rows to image ids for
     the bottom-up-attention-vqa layout (found next to the file when not given)."""
     path = Path(path)
-    with h5py.File(path, "r") as f:
+    with _opened(path) as f:
         if f.attrs.get("format") == H5_FORMAT:
             version = int(f.attrs.get("format_version", 0))
             if version > H5_FORMAT_VERSION:
@@ -52,7 +58,7 @@ def read_hdf5(
 def hdf5_source_provenance(path: str | os.PathLike) -> dict:
     """What produced an xmodal export's features (the exported store's provenance: detector, configs,
     weights), for the store it is imported into; {} for other layouts, which do not say."""
-    with h5py.File(path, "r") as f:
+    with _opened(Path(path)) as f:
         if f.attrs.get("format") != H5_FORMAT or "meta" not in f.attrs:
             return {}
         try:
@@ -67,20 +73,155 @@ def hdf5_source_provenance(path: str | os.PathLike) -> dict:
 
 def hdf5_max_boxes(path: str | os.PathLike) -> int:
     """The most boxes an image has in either layout: the padded width, or the longest pos_boxes span."""
-    with h5py.File(path, "r") as f:
+    path = Path(path)
+    with _opened(path) as f:
         if "pos_boxes" in f:
-            pos = f["pos_boxes"][:]
+            pos = _spans(f, path)
             return int((pos[:, 1] - pos[:, 0]).max()) if len(pos) else 1
         if "image_bb" in f:
-            return int(f["image_bb"].shape[1])
+            return _width(_dataset(f, "image_bb", path, 3, whole=False), path)  # read checks the rest
     raise BadInputError(f"{path}: no image_bb dataset: not a feature HDF5 file")
 
 
+@contextmanager
+def _opened(path: Path) -> Iterator[h5py.File]:
+    """The HDF5 file `path`, read-only; what h5py finds wrong with it (not HDF5, truncated, a missing
+    dataset or row) is one BadInputError naming the file."""
+    try:
+        regular_file(path, 1 << 50, _FIX)
+    except StoreFormatError as exc:
+        raise BadInputError(str(exc)) from None
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise BadInputError(f"{path} is not a readable HDF5 file (h5py: {exc}); {_FIX}") from None
+    try:
+        with f:
+            yield f
+    except BadInputError:
+        raise
+    except (OSError, KeyError, IndexError, ValueError, TypeError) as exc:
+        raise BadInputError(f"{path} cannot be read ({type(exc).__name__}: {exc}); {_FIX}") from None
+
+
+def _dataset(
+    f: h5py.File, name: str, path: Path, ndim: int, rows: int | None = None, whole: bool = True
+) -> h5py.Dataset:
+    """Dataset `name` of `ndim` dimensions (and `rows` rows), whose values were written (a dataset only
+    declared reads as zeros, which would import as records of nothing); not `whole`: the rows of images
+    without boxes may be unwritten, see `_row_written`."""
+    ds = f.get(name)
+    if not isinstance(ds, h5py.Dataset):
+        raise BadInputError(f"{path}: no {name} dataset; {_FIX}")
+    if ds.ndim != ndim or (rows is not None and ds.shape[0] != rows):
+        want = f"{rows} rows" if rows is not None and ds.ndim == ndim else f"{ndim} dimensions"
+        raise BadInputError(f"{path}: dataset {name} has shape {ds.shape}, not {want}; {_FIX}")
+    if whole and ds.size and not _written(ds):
+        raise BadInputError(
+            f"{path}: dataset {name} declares {ds.size} values ({ds.shape}) but the file holds none or only "
+            f"some of them (never written, or cut short); {_FIX}"
+        )
+    return ds
+
+
+def _written(ds: h5py.Dataset) -> bool:
+    """Whether every value of `ds` has storage in the file (an unwritten one reads as the fill value)."""
+    if ds.chunks is None:  # contiguous or compact: allocated whole on the first write
+        return ds.id.get_storage_size() >= ds.size * ds.dtype.itemsize
+    return ds.id.get_num_chunks() >= math.prod(-(-n // c) for n, c in zip(ds.shape, ds.chunks, strict=True))
+
+
+def _row_written(ds: h5py.Dataset, row: int) -> bool:
+    """Whether row `row` of `ds` (its first chunk, when chunked) has storage in the file."""
+    if ds.chunks is None:
+        return ds.id.get_storage_size() > 0
+    return ds.id.get_chunk_info_by_coord((row,) + (0,) * (ds.ndim - 1)).byte_offset is not None
+
+
+def _check_rows_written(
+    num_boxes: h5py.Dataset, per_row: dict[str, h5py.Dataset], ids: h5py.Dataset, path: Path
+) -> None:
+    """Refuse the file, before any of its values is read, when a row with boxes has a dataset that was
+    never written for it: read, it would be zeros, in whatever amount the file declares."""
+    # a contiguous dataset is written whole or not at all: one look; a chunked one, one look per row
+    whole = [ds for ds in per_row.values() if ds.chunks is None]
+    chunked = [ds for ds in per_row.values() if ds.chunks is not None]
+    for start in range(0, len(num_boxes), 1 << 16):
+        for i in np.flatnonzero(num_boxes[start : start + (1 << 16)]):
+            row = start + int(i)
+            unwritten = [ds.name.lstrip("/") for ds in (*whole, *chunked) if not _row_written(ds, row)]
+            if unwritten:
+                raise BadInputError(
+                    f"{path} row {row} (id {ids[row]!r}) has {num_boxes[row]} boxes but its "
+                    f"{', '.join(unwritten)} were never written (the file declares more than it holds); "
+                    f"{_FIX}"
+                )
+            whole = []  # written, so written whole
+
+
+def _width(ds: h5py.Dataset, path: Path) -> int:
+    """The padded box count of (rows, boxes, ...) dataset `ds`, within what a store holds."""
+    if not 0 < ds.shape[1] <= MAX_BOXES:
+        raise BadInputError(f"{path}: {ds.name} is {ds.shape[1]} boxes wide, outside 1..{MAX_BOXES}; {_FIX}")
+    return int(ds.shape[1])
+
+
+def _feature_dim(ds: h5py.Dataset, path: Path) -> int:
+    if not 0 < ds.shape[-1] <= MAX_FEATURE_DIM:
+        raise BadInputError(
+            f"{path}: {ds.name} holds {ds.shape[-1]}-d features, outside 1..{MAX_FEATURE_DIM}; {_FIX}"
+        )
+    return int(ds.shape[-1])
+
+
+def _block(row_bytes: int) -> int:
+    """Rows per read: `_BLOCK`, fewer when rows are wide, so one read stays within `_BLOCK_BYTES`."""
+    return max(1, min(_BLOCK, _BLOCK_BYTES // max(row_bytes, 1)))
+
+
+def _spans(f: h5py.File, path: Path) -> np.ndarray:
+    """pos_boxes, the [start, end) rows of each image in the flat datasets, checked against them."""
+    pos_ds = _dataset(f, "pos_boxes", path, 2)
+    total = len(_dataset(f, "image_features", path, 2))
+    if pos_ds.shape[1] != 2 or pos_ds.dtype.kind not in "iu":
+        raise BadInputError(f"{path}: pos_boxes is {pos_ds.shape} {pos_ds.dtype}, not (images, 2) integers")
+    if pos_ds.shape[0] > total + 1:
+        raise BadInputError(f"{path}: pos_boxes lists {pos_ds.shape[0]} images for {total} boxes; {_FIX}")
+    pos = pos_ds[:].astype(np.int64)
+    bad = (
+        (pos[:, 0] < 0) | (pos[:, 0] > pos[:, 1]) | (pos[:, 1] > total) | (pos[:, 1] - pos[:, 0] > MAX_BOXES)
+    )
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise BadInputError(
+            f"{path}: pos_boxes row {row} spans boxes {pos[row].tolist()}, not within 0..{total} and at "
+            f"most {MAX_BOXES} long; {_FIX}"
+        )
+    return pos
+
+
 def _read_xmodal(f: h5py.File, path: Path) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
+    total = len(_dataset(f, "img_id", path, 1))
     ids = f["img_id"].asstr()
-    total = len(ids)
-    for start in range(0, total, _BLOCK):
-        stop = min(start + _BLOCK, total)
+    for name in ("img_h", "img_w", "num_boxes"):
+        _dataset(f, name, path, 1, total)
+    # rows of images without boxes are never written by `export_hdf5`: checked row by row below
+    per_row = {"boxes": _dataset(f, "image_bb", path, 3, total, whole=False)}
+    width = _width(per_row["boxes"], path)
+    features = per_row["features"] = _dataset(f, "image_features", path, 3, total, whole=False)
+    for name in _LABEL_FIELDS:
+        per_row[name] = _dataset(f, name, path, 2, total, whole=False)
+    if "class_probs" in f:
+        _dataset(f, "has_class_probs", path, 1, total)
+        _dataset(f, "class_probs", path, 3, total, whole=False)
+    if f["image_bb"].shape[2] != 4 or features.shape[1] != width:
+        raise BadInputError(
+            f"{path}: image_bb {f['image_bb'].shape} and image_features {features.shape} disagree; {_FIX}"
+        )
+    step = _block(width * _feature_dim(features, path) * features.dtype.itemsize)
+    _check_rows_written(f["num_boxes"], per_row, ids, path)
+    for start in range(0, total, step):
+        stop = min(start + step, total)
         block = {name: f[name][start:stop] for name in ("img_h", "img_w", "num_boxes", *_LABEL_FIELDS)}
         block["boxes"] = f["image_bb"][start:stop]
         block["features"] = f["image_features"][start:stop]
@@ -113,14 +254,23 @@ def _read_butd(
     f: h5py.File, path: Path, row_ids: dict[int, str]
 ) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
     """Rows of image_features (N, boxes, D) or, in the adaptive variant, flat (total, D) with pos_boxes."""
-    feats, bb = f["image_features"], f["image_bb"]
     if "spatial_features" not in f:
         raise BadInputError(f"{path}: no spatial_features dataset: the image sizes cannot be recovered")
-    spatial = f["spatial_features"]
-    pos = f["pos_boxes"][:] if "pos_boxes" in f else None
+    pos = _spans(f, path) if "pos_boxes" in f else None
+    ndim = 2 if pos is not None else 3
+    feats = _dataset(f, "image_features", path, ndim)
+    bb = _dataset(f, "image_bb", path, ndim, len(feats))
+    spatial = _dataset(f, "spatial_features", path, ndim, len(feats))
+    if bb.shape[-1] != 4 or spatial.shape[-1] != 6 or bb.shape[:-1] != feats.shape[:-1] != spatial.shape[:-1]:
+        raise BadInputError(
+            f"{path}: image_bb {bb.shape}, spatial_features {spatial.shape} and image_features {feats.shape} "
+            f"disagree; {_FIX}"
+        )
+    width = MAX_BOXES if pos is not None else _width(feats, path)
+    step = _block(width * _feature_dim(feats, path) * feats.dtype.itemsize)
     rows = len(pos) if pos is not None else len(feats)
-    for start in range(0, rows, _BLOCK):
-        stop = min(start + _BLOCK, rows)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
         if pos is None:
             rows_of = list(zip(bb[start:stop], feats[start:stop], spatial[start:stop], strict=True))
         else:

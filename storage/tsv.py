@@ -71,8 +71,10 @@ def tsv_max_boxes(path: str | os.PathLike) -> int:
                 if "num_boxes" not in names:
                     return most
                 index = names.index("num_boxes")
-            if len(fields) > index and fields[index].strip().isdigit():
-                most = max(most, int(fields[index]))
+            digits = fields[index].strip() if len(fields) > index else b""
+            # a count past what a store holds (5,000 digits, say) is left to `read_tsv` to name with its line
+            if digits.isdigit() and len(digits) <= 9 and int(digits) <= MAX_BOXES:
+                most = max(most, int(digits))
     return most
 
 

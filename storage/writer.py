@@ -9,7 +9,7 @@ from pathlib import Path
 import lmdb
 
 from storage import codec, metadata
-from storage.environment import broken_tree, lmdb_failure, open_environment, walk_store
+from storage.environment import StoreOpenError, broken_tree, lmdb_failure, open_environment, walk_store
 from storage.errors import StoreError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release
@@ -17,6 +17,24 @@ from storage.records import RegionFeatures
 
 log = logging.getLogger(__name__)
 DEFAULT_FEATURE_DIM = 2048  # LXMERT's RoI features, when nothing says otherwise
+
+
+def _make_directory(path: Path) -> None:
+    """`path` as a directory, made if missing: a file, FIFO or link to one there, or a file above it, is
+    a one-line StoreOpenError naming it (never written through, never replaced)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        what = (
+            "it is a link to nothing"
+            if path.is_symlink() and not path.exists()
+            else "it, or a folder above it, is not a directory (a file, FIFO or link to one)"
+        )
+        raise StoreOpenError(
+            f"{path} cannot hold a feature store: {what}; give a new path or a store directory"
+        ) from None
+    except OSError as exc:
+        raise StoreOpenError(f"{path} cannot be made a store directory ({exc.strerror})") from None
 
 
 class FeatureWriter:
@@ -42,7 +60,7 @@ class FeatureWriter:
         self.replace = replace
         self.commit_every = max(1, int(commit_every))
         self.commit_bytes = max(1, int(commit_bytes))
-        self.path.mkdir(parents=True, exist_ok=True)
+        _make_directory(self.path)
         release(self.path)  # LMDB allows one environment per store per process
         self._env = open_environment(self.path, map_size=int(map_size), max_dbs=2, readahead=False)
         self._pending: list[tuple[bytes, bytes]] = []

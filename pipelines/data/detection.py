@@ -209,7 +209,8 @@ class _AnnotationReader:
 def load_detection_json(path: str | Path, images_dir: str | Path, strict: bool = False) -> DetectionData:
     """Read a COCO detection JSON (with optional `attribute_ids` per annotation and top-level
     `attributes`); boxes are clipped to their image, crowd, zero-area and unknown-category boxes are
-    skipped and unknown attribute ids dropped, each counted (strict: the first one raises)."""
+    skipped and unknown attribute ids dropped, each counted (strict: the first one raises). Refused in one
+    line: no categories, a file_name outside `images_dir`, more than MAX_BOXES_PER_IMAGE boxes on an image."""
     path, images_dir = Path(path), Path(images_dir)
     data = read_json(path)
     if not isinstance(data, dict):

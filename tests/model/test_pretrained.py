@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ from model import (
     read_checkpoint,
     read_config,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +152,32 @@ def test_unknown_directories_are_named(pretrained_dir, tmp_path):
     (renamed / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="cannot be read as a safetensors file"):
         read_checkpoint(renamed)
+
+
+def test_a_config_far_larger_than_its_weights_is_refused_before_building(pretrained_dir, tmp_path):
+    """Each size in range, together 8192 wide x 12 layers (GBs): one ValueError naming the directory, with
+    peak memory that of the small model (the child is capped at 6 GiB of address space, a regression dies)."""
+    _, directory = pretrained_dir
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    meta = json.loads((directory / "config.json").read_text())
+    meta["config"].update(hidden_size=8192, num_attention_heads=64, l_layers=12, r_layers=12, x_layers=12)
+    (huge / "config.json").write_text(json.dumps(meta))
+    (huge / "model.safetensors").write_bytes((directory / "model.safetensors").read_bytes())
+    script = f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+        from model import LxmertForQuestionAnswering
+        try:
+            LxmertForQuestionAnswering.from_pretrained({str(huge)!r}, num_answers=5)
+        except ValueError as exc:
+            print(exc)
+        print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) >> 10)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    error, peak_mb = proc.stdout.splitlines()
+    assert f"{huge}: backbone" in error and "more" in error and len(error) < 1000, error
+    assert int(peak_mb) < 1500, peak_mb

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -141,3 +142,34 @@ def test_extract_into_a_truncated_store(store, tmp_path):
     Image.new("RGB", (32, 24), (200, 10, 10)).save(tmp_path / "images" / "a.png")
     proc = xmodal("extract", str(tmp_path / "images"), "--out", str(store))
     assert_clear_failure(proc, "truncated", str(store))
+
+
+def test_a_value_whose_pages_run_past_the_file_is_named_not_sigbus(store, tmp_path):
+    """LMDB's meta agrees with the file, but one record's value pages run past its end: every reader names
+    that record (lmdb would copy the value out of the map and die with SIGBUS), the others still read."""
+    data = store / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    at = raw.index(b"img_000039", 4096 * 2)  # the key in its leaf page; the value's first page follows
+    raw[at + 10 : at + 18] = struct.pack("<Q", len(raw) // 4096 - 1)
+    data.write_bytes(raw)
+    script = f"""
+        from storage import FeatureReader
+        from storage.environment import StoreDamagedError
+        from storage.merge import merge_stores
+        from storage.verify import verify
+        path = {str(store)!r}
+        print(FeatureReader(path)["img_000010"].num_boxes)
+        for code in ("FeatureReader(path)['img_000039']", "list(FeatureReader(path).items_encoded())",
+                     "merge_stores([path], {str(tmp_path / "out")!r})"):
+            try:
+                eval(code)
+            except StoreDamagedError as exc:
+                print("refused:", exc)
+        print(verify(path).problems[0])
+    """
+    proc = run("-c", textwrap.dedent(script))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "36" and len(lines) == 5, proc.stdout
+    for line in lines[1:]:
+        assert "the value of 'img_000039' cannot be read" in line and "outside the file" in line, line

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
+import textwrap
 
 import h5py
 import numpy as np
@@ -225,3 +227,113 @@ def test_importing_an_own_export_keeps_what_produced_the_features(tmp_path, make
     argv = ["features", "import", str(tmp_path / "butd.h5"), str(tmp_path / "butd"), "--ids"]
     assert main([*argv, str(tmp_path / "ids.txt")]) == 0
     assert set(FeatureReader(tmp_path / "butd").meta["provenance"]) <= {"imported_from", "unlabelled_records"}
+
+
+def _export(tmp_path, make_record, name="ok.h5"):
+    with FeatureWriter(tmp_path / "s", feature_dim=32) as w:
+        for i in range(4):
+            w.put(make_record(i, feature_dim=32))
+    main(["features", "export", str(tmp_path / "s"), str(tmp_path / name)])
+    return tmp_path / name
+
+
+def _declared(path, write_sizes=True):
+    """An xmodal-layout file whose 32 records declare 4 GiB of features that were never written."""
+    with h5py.File(path, "w") as f:
+        f.attrs["format"] = "xmodal-region-features-h5"
+        f.create_dataset(
+            "img_id", data=np.array([f"i{i}" for i in range(32)], dtype=object), dtype=h5py.string_dtype()
+        )
+        for name in ("img_h", "img_w", "num_boxes"):
+            ds = f.create_dataset(name, (32,), "i4")
+            if write_sizes:
+                ds[:] = 36 if name == "num_boxes" else 100
+        f.create_dataset("image_bb", (32, 4096, 4), "f4")
+        f.create_dataset("image_features", (32, 4096, 8192), "f4", chunks=(1, 64, 8192))
+        for name in ("objects_id", "attrs_id"):
+            f.create_dataset(name, (32, 4096), "i8")
+        for name in ("objects_conf", "attrs_conf"):
+            f.create_dataset(name, (32, 4096), "f4")
+    return path
+
+
+def _truncated(tmp_path, make_record):
+    path = _export(tmp_path, make_record)
+    os.truncate(path, path.stat().st_size // 2)
+    return path
+
+
+def _text(tmp_path, make_record):
+    (tmp_path / "t.h5").write_text("img_id\tnum_boxes\nnot hdf5 at all\n")
+    return tmp_path / "t.h5"
+
+
+def _missing(tmp_path, make_record):
+    path = _export(tmp_path, make_record)
+    with h5py.File(path, "a") as f:
+        del f["num_boxes"]
+    return path
+
+
+def _butd_declared(tmp_path, make_record):
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        for name, width in (("image_features", 2048), ("image_bb", 4), ("spatial_features", 6)):
+            f.create_dataset(name, (32, 36, width), "f4")
+    (tmp_path / "b_ids.txt").write_text("".join(f"i{i}\n" for i in range(32)))
+    return tmp_path / "b.h5"
+
+
+def _pos_boxes_past_the_end(tmp_path, make_record):
+    recs = [make_record(i, feature_dim=32) for i in range(3)]
+    write_butd(tmp_path / "p.h5", recs, adaptive=True)
+    with h5py.File(tmp_path / "p.h5", "a") as f:
+        f["pos_boxes"][1] = [0, 10**9]
+    (tmp_path / "p_ids.txt").write_text("a\nb\nc\n")
+    return tmp_path / "p.h5"
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (_truncated, "not a readable HDF5 file"),
+        (_text, "not a readable HDF5 file"),
+        (_missing, "no num_boxes dataset"),
+        (lambda tmp_path, mk: _declared(tmp_path / "d.h5", write_sizes=False), "dataset img_h declares 32"),
+        (lambda tmp_path, mk: _declared(tmp_path / "d.h5"), "has 36 boxes but its image_bb"),
+        (_butd_declared, "declares 2359296 values"),
+        (_pos_boxes_past_the_end, "pos_boxes row 1 spans"),
+    ],
+)
+def test_hdf5_files_whose_headers_lie_are_one_line(make, needle, tmp_path, make_record, capsys, caplog):
+    """Issue 46: truncated, not HDF5, a dataset missing, declared but never written: refused, no record
+    written (never zeros), no traceback."""
+    src = make(tmp_path, make_record)
+    with pytest.raises(BadInputError, match=needle):
+        import_records(read_hdf5(src), src, tmp_path / "dst")
+    assert main(["features", "import", str(src), str(tmp_path / "dst2")]) == 1
+    assert not (tmp_path / "dst2" / "data.mdb").exists()
+    assert needle in caplog.text and "Traceback" not in capsys.readouterr().err
+
+
+def test_hdf5_declaring_gigabytes_is_refused_in_bounded_memory(tmp_path):
+    """A 10 KB file declaring 4 GiB of features: refused before any of it is read (peak RSS < 300 MB,
+    the child capped at 2 GiB of address space so a regression fails instead of swapping)."""
+    src = _declared(tmp_path / "d.h5")
+    assert src.stat().st_size < 64 << 10
+    script = f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        from storage.hdf5 import read_hdf5
+        from storage.errors import BadInputError
+        try:
+            print(sum(1 for _, rec in read_hdf5({str(src)!r}) if not isinstance(rec, BadInputError)))
+        except BadInputError as exc:
+            print(0)
+        print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) >> 10)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written, peak_mb = proc.stdout.split()
+    assert written == "0" and int(peak_mb) < 300, proc.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import lmdb
 import numpy as np
@@ -118,3 +119,16 @@ def test_info_text_and_json(tmp_path, make_record, capsys):
     out = capsys.readouterr().out
     assert "records    3" in out and "vg-r101-c4" in out
     assert main(["features", "info", str(tmp_path / "missing")]) == 1
+
+
+@pytest.mark.parametrize("dst", ["file", "fifo", "link", "dangling", "file/sub"])
+def test_merge_onto_something_not_a_directory_is_one_line(dst, tmp_path, make_record, caplog):
+    """Issue 46: onto a file, a FIFO, a link or a path under a file: one line, the thing left untouched."""
+    write(tmp_path / "a", [make_record(1)])
+    (tmp_path / "file").write_text("keep me")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert main(["features", "merge", str(tmp_path / "a"), str(tmp_path / dst)]) == 1
+    assert "cannot hold a feature store" in caplog.text and str(tmp_path / dst) in caplog.text
+    assert (tmp_path / "file").read_text() == "keep me" and not (tmp_path / "nowhere").exists()

@@ -327,3 +327,12 @@ def test_cli_import_of_an_adaptive_tsv_keeps_its_widest_record(tmp_path, make_re
     assert r.max_boxes == 72 and len(r) == 3
     for rec in recs:
         same(r[rec.img_id], rec, np.float16)
+
+
+def test_a_num_boxes_of_5000_digits_names_the_file_and_line(tmp_path, caplog):
+    """Issue 46: the width scan parsed it (Python refuses ints of over 4300 digits): a bare ValueError."""
+    b64 = base64.b64encode(np.zeros(4, np.float32).tobytes()).decode()
+    line = ["bad", "10", "10", "9" * 5000, b64, base64.b64encode(np.zeros(4, np.float32).tobytes()).decode()]
+    (tmp_path / "in.tsv").write_text("\t".join(line) + "\n")
+    assert main(["features", "import", str(tmp_path / "in.tsv"), str(tmp_path / "dst")]) == 1
+    assert f"{tmp_path / 'in.tsv'} line 1" in caplog.text and "field num_boxes is b'9999" in caplog.text

@@ -30,6 +30,7 @@ from pipelines.apps.serve.freed_memory import give_back_freed_memory
 from pipelines.apps.serve.generation import SERVER_RERANKERS, png_data_url
 from pipelines.apps.serve.service import Service, ServiceError
 from pipelines.apps.serve.upload_limit import UploadLimit
+from pipelines.data.captions import tokenize_caption
 from storage import RegionFeatures
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,10 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             reranker = (
                 f"captioner {held.tuned.settings.get('arch')} {held.checkpoint}: log p(prompt | regions)"
             )
+        # the transformer reads the first text_length - 2 words (between <bos> and <eos>): say so when cut
+        read = generator.model.transformer.config.text_length - 2
+        words = len(tokenize_caption(prompt))
+        cut = f"the model reads the prompt's first {read} of its {words} words" if words > read else None
         with service.admitted():
             started = time.perf_counter()
             settings = SampleSettings(n, top_k, top_p, temperature, seed, guidance)
@@ -217,6 +222,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
                 "reranker": reranker,
                 "seed": seed,
                 "guidance": guidance,
+                "prompt_cut": cut,
                 "images": [
                     {
                         "sample": i,

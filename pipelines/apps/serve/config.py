@@ -17,6 +17,7 @@ class ServeConfig:
         "max_pending": "[1, 1000000]",
         "timeout_s": "(0, 1000000]",
         "max_upload_mb": "(0, 4096]",
+        "body_timeout_s": "(0, 3600]",
         "top_k": "[1, 1000]",
         "beam_size": "[1, 1024]",
         "attended": "[1, 4096]",
@@ -30,6 +31,7 @@ class ServeConfig:
     max_pending: int = 32  # requests waiting for or inside the models; more are refused with 503
     timeout_s: float = 60.0  # a request waiting longer gets a 504
     max_upload_mb: float = 20.0  # request bodies above this are refused with 413
+    body_timeout_s: float = 30.0  # a body whose next bytes take longer (shorter than its Content-Length): 408
     # memory all uploads being decoded may hold at once (about 17 bytes per decoded pixel, so 810 MiB for
     # a 50 MP PNG or WebP; a JPEG decodes at the detector's working size); more wait, then get 503
     max_decode_mb: float = 1024.0
@@ -42,7 +44,7 @@ class ServeConfig:
         for name in ("max_batch", "max_pending", "top_k", "beam_size", "attended", "max_question_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("timeout_s", "max_upload_mb", "max_decode_mb"):
+        for name in ("timeout_s", "max_upload_mb", "max_decode_mb", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_wait_ms < 0:

@@ -323,3 +323,27 @@ def test_the_models_refusals_are_422_and_failures_500_both_as_json(backend):
         assert failed.json() == {
             "error": "internal error (RuntimeError: CUDA error: device-side assert); see the server log"
         }
+
+
+def test_a_body_shorter_than_its_content_length_gets_a_json_408(backend):
+    """Issue 46: the server held such a request for 90 s; each part of a body now waits body_timeout_s."""
+    import json
+    import socket
+
+    with serving(create_app(backend, ServeConfig(body_timeout_s=1))) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            started = time.monotonic()
+            sock.sendall(
+                b"POST /api/ask HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                b"Content-Length: 1000\r\n\r\nquestion=what"
+            )
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        seconds = time.monotonic() - started
+    assert reply.startswith(b"HTTP/1.1 408") and seconds < 15, (reply[:200], seconds)
+    assert "stopped arriving" in json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]

@@ -59,6 +59,17 @@ def test_a_prompt_gets_n_images_best_first_by_the_transformers_likelihood(drawin
     )
 
 
+def test_a_prompt_longer_than_the_model_reads_says_so(drawing_only):
+    """Issue 46: a long prompt was cut to the transformer's text length without a word."""
+    short = drawing_only.post("/api/generate", data={"prompt": "a red square", "n": "1"}).json()
+    long = drawing_only.post("/api/generate", data={"prompt": "red " * 100, "n": "1"}).json()
+    assert short["prompt_cut"] is None
+    assert (
+        "the model reads the prompt's first" in long["prompt_cut"]
+        and "of its 100 words" in long["prompt_cut"]
+    )
+
+
 def test_the_same_seed_draws_the_same_images(drawing_only):
     a = drawing_only.post("/api/generate", data={"prompt": PROMPT, "n": "2", "rerank": "none"}).json()
     b = drawing_only.post("/api/generate", data={"prompt": PROMPT, "n": "2", "rerank": "none"}).json()
