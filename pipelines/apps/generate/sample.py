@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from model.ranges import check_fields
+from pipelines.data.captions import tokenize_caption
 from pipelines.tasks.text_to_image import TextToImageModel, encode_prompt
 
 
@@ -50,6 +51,13 @@ def prompt_text(model: TextToImageModel, prompt: str) -> torch.Tensor:
     transformer = model.transformer
     text, padding = encode_prompt(model.vocab, prompt, transformer.config.text_length)
     return transformer.pad_text(torch.from_numpy(text)[None], torch.from_numpy(padding)[None])
+
+
+def prompt_cut(model: TextToImageModel, prompt: str) -> str | None:
+    """A note when the transformer reads only the start of `prompt` (the words between <bos> and <eos>)."""
+    read = model.transformer.config.text_length - 2
+    words = len(tokenize_caption(prompt))
+    return f"the model reads the prompt's first {read} of its {words} words" if words > read else None
 
 
 @torch.no_grad()

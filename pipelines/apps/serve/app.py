@@ -22,7 +22,7 @@ from extraction import ImageError
 from extraction.draw import region_label
 from extraction.preprocess import decode_bytes, load_resized
 from pipelines.apps.generate.rerank import rank
-from pipelines.apps.generate.sample import SampleSettings
+from pipelines.apps.generate.sample import SampleSettings, prompt_cut
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.apps.serve.decode_budget import DecodeBudget
@@ -30,7 +30,6 @@ from pipelines.apps.serve.freed_memory import give_back_freed_memory
 from pipelines.apps.serve.generation import SERVER_RERANKERS, png_data_url
 from pipelines.apps.serve.service import Service, ServiceError
 from pipelines.apps.serve.upload_limit import UploadLimit
-from pipelines.data.captions import tokenize_caption
 from storage import RegionFeatures
 
 log = logging.getLogger(__name__)
@@ -208,10 +207,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             reranker = (
                 f"captioner {held.tuned.settings.get('arch')} {held.checkpoint}: log p(prompt | regions)"
             )
-        # the transformer reads the first text_length - 2 words (between <bos> and <eos>): say so when cut
-        read = generator.model.transformer.config.text_length - 2
-        words = len(tokenize_caption(prompt))
-        cut = f"the model reads the prompt's first {read} of its {words} words" if words > read else None
+        cut = prompt_cut(generator.model, prompt)
         with service.admitted():
             started = time.perf_counter()
             settings = SampleSettings(n, top_k, top_p, temperature, seed, guidance)

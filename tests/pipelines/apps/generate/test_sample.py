@@ -108,3 +108,13 @@ def test_sample_contrastive_ranks_against_the_given_prompts(checkpoint, tmp_path
     np.testing.assert_allclose(
         [c["score"] for c in ranking["candidates"]], sorted(expected, reverse=True), rtol=1e-5
     )
+
+
+def test_a_prompt_longer_than_the_model_reads_is_said(checkpoint, tmp_path, capsys):
+    read = TextToImageModel.load(checkpoint).transformer.config.text_length - 2
+    base = ["generate", "sample", "--checkpoint", str(checkpoint), "--n", "1", "--out", str(tmp_path / "o")]
+    assert main([*base, " ".join(["red"] * read)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main([*base, " ".join(["red"] * (read + 5))]) == 0
+    err = capsys.readouterr().err.strip()
+    assert f"reads the prompt's first {read} of its {read + 5} words" in err and len(err.splitlines()) == 1
