@@ -2,12 +2,16 @@
 
 Each FrozenBatchNorm is folded into its convolution's weights and bias when weights are loaded (the
 checkpoint keeps detectron2's `conv.weight` / `conv.norm.*` names), so a block is conv -> relu_ three
-times plus one in-place residual add; convolutions run channels-last, oneDNN's native CPU layout.
+times plus one in-place residual add; convolutions run channels-last, oneDNN's native CPU layout, except
+in float32 on CUDA (`conv_memory_format`). On a padded canvas (the batched forward) a `CanvasMask` zeroes
+every activation beyond each image, so each convolution reads there the zeros its padding would give.
 In training, a convolution whose weight takes gradients scales it by the frozen norm inside autograd
 (the same arithmetic), and the folded copy is rebuilt after the optimizer has changed the weight.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +54,14 @@ class Conv2d(nn.Conv2d):
         self.register_buffer("folded_bias", torch.empty(out_ch), persistent=False)
         self.register_load_state_dict_post_hook(_refold)
         self._folded_version = -1
+        self.memory_format = torch.channels_last  # of the folded weight; set_memory_format changes it
         self.fold()
 
     @torch.no_grad()
     def fold(self) -> None:
         scale, shift = self.norm.scale_and_shift()
         weight = (self.weight.double() * scale.view(-1, 1, 1, 1)).to(self.weight.dtype)
-        self.folded_weight = weight.contiguous(memory_format=torch.channels_last)
+        self.folded_weight = weight.contiguous(memory_format=self.memory_format)
         self.folded_bias = shift.to(self.weight.dtype)
         self._folded_version = _version(self.weight)
 
@@ -85,6 +90,88 @@ def _refold(module: Conv2d, incompatible_keys) -> None:
     module.fold()
 
 
+def conv_memory_format(device: torch.device, dtype: str) -> torch.memory_format:
+    """The convolutions' layout: channels-last (oneDNN's native CPU layout, and what tensor cores read in
+    bfloat16/float16), but NCHW for float32 on CUDA. There cuDNN runs res5's dilated 3x3 convolutions on
+    channels-last tensors with a grouped direct kernel: res5 over 300 RoIs took 1,424 ms channels-last and
+    55 ms NCHW on an H200 (TF32 off), with bitwise-equal outputs (SPEC section 10, BENCHMARKS.md)."""
+    if torch.device(device).type == "cuda" and dtype == "float32":
+        return torch.contiguous_format
+    return torch.channels_last
+
+
+def set_memory_format(model: nn.Module, memory_format: torch.memory_format) -> None:
+    """Lay out every folded convolution weight, and the inputs the trunk and RoI head convert, in
+    `memory_format` (a weight and its input in different layouts run the slowest kernels)."""
+    for module in model.modules():
+        if "memory_format" in vars(module):
+            module.memory_format = memory_format
+            if isinstance(module, Conv2d):
+                module.fold()
+
+
+def _strided(extent: int, stride: int) -> int:
+    """Output extent of a convolution whose padding keeps the sampled positions aligned at 0 (the stem's
+    7x7/2 pad 3, the 1x1 stride-2 convolutions): positions i with i * stride < extent."""
+    return (extent - 1) // stride + 1 if extent > 0 else 0
+
+
+def _pooled(extent: int) -> int:
+    """Output extent of the stem's max-pool (k3 s2, no padding, ceil mode), as torch computes it."""
+    if extent <= 0:
+        return 0
+    out = -(-(extent - 3) // 2) + 1
+    return out - 1 if (out - 1) * 2 >= extent else out
+
+
+def trunk_extents(h: int, w: int) -> list[tuple[int, int]]:
+    """The (h, w) of an (h, w) input at each resolution of the trunk: stem conv, pool, res3, res4."""
+    sizes = [(_strided(h, 2), _strided(w, 2))]
+    sizes.append((_pooled(sizes[-1][0]), _pooled(sizes[-1][1])))
+    for _ in range(2):  # res3 and res4 each halve on their first block
+        sizes.append((_strided(sizes[-1][0], 2), _strided(sizes[-1][1], 2)))
+    return sizes
+
+
+class CanvasMask:
+    """Images of a padded canvas batch, each at (h, w) in its slot's top-left corner (a blank slot has
+    (0, 0)); called on an activation, zeroes it beyond each image's extent at that resolution.
+
+    Each resolution of the trunk has its own canvas size, so a map's (H, W) says which extents apply.
+    Activations masked are ReLU outputs (finite, >= 0): multiplying by 1 leaves them bit for bit."""
+
+    def __init__(self, sizes: list[tuple[int, int]], canvas_hw: tuple[int, int]):
+        levels = [[(h, w), *trunk_extents(h, w)] for h, w in sizes]
+        self.extents = {}
+        for level, canvas in enumerate([tuple(canvas_hw), *trunk_extents(*canvas_hw)]):
+            self.extents[canvas] = [ext[level] for ext in levels]
+        self._masks: dict[tuple, torch.Tensor] = {}
+
+    def subsample(self, hw: tuple[int, int], step: int) -> None:
+        """Also mask the map of canvas size `hw` taken every `step` rows and columns (grid stride 32)."""
+        self.extents[tuple(-(-n // step) for n in hw)] = [
+            (-(-h // step), -(-w // step)) for h, w in self.extents[tuple(hw)]
+        ]
+
+    def at(self, hw: tuple[int, int]) -> list[tuple[int, int]]:
+        """Each slot's extent on a map of canvas size `hw`."""
+        return self.extents[tuple(hw)]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        hw = tuple(x.shape[-2:])
+        key = (hw, x.dtype, x.device)
+        if key not in self._masks:
+            mask = torch.zeros((x.shape[0], 1, *hw), dtype=x.dtype, device=x.device)
+            for i, (h, w) in enumerate(self.at(hw)):
+                mask[i, :, :h, :w] = 1
+            self._masks[key] = mask
+        return x.mul_(self._masks[key])
+
+
+def _unmasked(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class BottleneckBlock(nn.Module):
     """1x1 -> 3x3 -> 1x1 residual block; the stride sits on conv1 (caffe's STRIDE_IN_1X1)."""
 
@@ -98,13 +185,19 @@ class BottleneckBlock(nn.Module):
         self.conv2 = Conv2d(bottleneck_ch, bottleneck_ch, 3, dilation=dilation)
         self.conv3 = Conv2d(bottleneck_ch, out_ch, 1)
 
-    def forward(self, x: torch.Tensor, dilation: int | None = None) -> torch.Tensor:
-        """`dilation`, when given, replaces the 3x3 convolution's own."""
-        out = F.relu_(self.conv1(x))
-        out = F.relu_(self.conv2(out) if dilation is None else self.conv2(out, dilation))
+    def forward(
+        self,
+        x: torch.Tensor,
+        dilation: int | None = None,
+        mask: Callable[[torch.Tensor], torch.Tensor] = _unmasked,
+    ) -> torch.Tensor:
+        """`dilation`, when given, replaces the 3x3 convolution's own; `mask` (a CanvasMask) zeroes each
+        activation beyond the images of a padded canvas."""
+        out = mask(F.relu_(self.conv1(x)))
+        out = mask(F.relu_(self.conv2(out) if dilation is None else self.conv2(out, dilation)))
         out = self.conv3(out)
         out += x if self.shortcut is None else self.shortcut(x)
-        return F.relu_(out)
+        return mask(F.relu_(out))
 
 
 def make_stage(
@@ -125,13 +218,17 @@ class BasicStem(nn.Module):
         super().__init__()
         self.conv1 = Conv2d(in_ch, out_ch, 7, stride=2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu_(self.conv1(x))
-        return F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True)
+    def forward(
+        self, x: torch.Tensor, mask: Callable[[torch.Tensor], torch.Tensor] = _unmasked
+    ) -> torch.Tensor:
+        # on a canvas the pool's last window may take in masked zeros: ReLU outputs are >= 0, so the
+        # maximum is the one over the image's own positions, as without the canvas
+        x = mask(F.relu_(self.conv1(x)))
+        return mask(F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True))
 
 
 class ResNetC4(nn.Module):
-    """Stem and res2..res4: (N, 3, H, W) -> (N, 4 * res2_channels, H/16, W/16), channels-last."""
+    """Stem and res2..res4: (N, 3, H, W) -> (N, 4 * res2_channels, H/16, W/16) in `memory_format`."""
 
     def __init__(
         self,
@@ -147,10 +244,17 @@ class ResNetC4(nn.Module):
             setattr(self, name, make_stage(blocks, in_ch, out_ch, mid, first_stride=stride))
             in_ch, out_ch, mid = out_ch, out_ch * 2, mid * 2
         self.out_channels = in_ch
+        self.memory_format = torch.channels_last
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x.contiguous(memory_format=torch.channels_last))
-        return self.res4(self.res3(self.res2(x)))
+    def forward(
+        self, x: torch.Tensor, mask: Callable[[torch.Tensor], torch.Tensor] = _unmasked
+    ) -> torch.Tensor:
+        """`mask` (a CanvasMask) when `x` is a padded canvas batch."""
+        x = self.stem(x.contiguous(memory_format=self.memory_format), mask)
+        for stage in (self.res2, self.res3, self.res4):
+            for block in stage:
+                x = block(x, mask=mask)
+        return x
 
     def freeze(self, freeze_at: int) -> None:
         """detectron2's FREEZE_AT: 1 freezes the stem, 2 the stem and res2, ... (0 freezes nothing)."""

@@ -12,14 +12,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from extraction.backbone import conv_memory_format, set_memory_format
 from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import GridConfig
 from extraction.postprocess import to_grid_record, to_record
-from extraction.precision import float32_precision
+from extraction.precision import deterministic_cudnn, float32_precision
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
-from extraction.rcnn import GRID_STAGES, NETWORK_STAGES, RANDOM_SEED, VGFasterRCNN, init_random_weights
+from extraction.rcnn import (
+    GRID_STAGES,
+    NETWORK_STAGES,
+    RANDOM_SEED,
+    VGFasterRCNN,
+    forward_path,
+    init_random_weights,
+)
 from extraction.selection import SelectionConfig
 from extraction.weights import load_detector_weights, resolve_detector, weights_file
 from storage import RegionFeatures
@@ -27,6 +35,7 @@ from storage import RegionFeatures
 log = logging.getLogger(__name__)
 
 STAGES = ("preprocess", *NETWORK_STAGES, "selection")
+FORWARD_BATCH = 8  # images per trunk call of the batched forward (a shorter batch is filled with blanks)
 GRID_DETECT_STAGES = ("preprocess", *GRID_STAGES, "selection")  # `detect` with a grid
 RANDOM_WEIGHTS_WARNING = (
     "xmodal detector built with RANDOM weights (seed {seed}): its boxes, labels and features are "
@@ -49,7 +58,12 @@ class Detector:
         classes: list[str] | None = None,
         attributes: list[str] | None = None,
         grid: GridConfig | None = None,
+        forward: str = "auto",
+        forward_batch: int = FORWARD_BATCH,
     ):
+        forward_path(forward, torch.device("cpu"))  # a bad value fails here, naming the setting
+        if forward_batch < 1:
+            raise ValueError(f"forward_batch must be at least 1, got {forward_batch}")
         self.model = model
         self.config = config
         self.selection = selection
@@ -58,6 +72,8 @@ class Detector:
         self.classes = classes  # object and attribute names where the weights carry them
         self.attributes = attributes
         self.grid = grid
+        self.forward = forward  # FORWARD_MODES: which of the network's two ways in `detect` takes
+        self.forward_batch = forward_batch
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
     @classmethod
@@ -71,6 +87,8 @@ class Detector:
         max_boxes: int = 36,
         strict: bool = True,
         grid: str | GridConfig | None = None,
+        forward: str = "auto",
+        forward_batch: int = FORWARD_BATCH,
         **overrides,
     ) -> Detector:
         """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig.
@@ -78,7 +96,13 @@ class Detector:
         `weights` may be a detector directory (detector.json + model.safetensors): its own architecture
         and class and attribute names are used, and `preset` names only where the settings started.
         `grid` (`14x14`, `native/2` or a GridConfig) makes it a grid-feature extractor; the selection
-        settings then only name the attribute softmax convention and whether to keep class_probs."""
+        settings then only name the attribute softmax convention and whether to keep class_probs.
+
+        `forward`: `per-image` (the reference), `batched` (images of one orientation through the trunk
+        together on a masked canvas of the working size, `forward_batch` per call, the RoIs of as many
+        images through res5 in one call) or `auto` (batched on accelerators, per-image on CPU). An image's
+        record does not depend on its batch-mates either way; the two paths differ in rounding only."""
+        forward_path(forward, torch.device("cpu"))  # refused before any weights are read
         if isinstance(grid, str):
             grid = GridConfig.parse(grid)
         config, sel, preset, classes, attributes = resolve_detector(
@@ -95,12 +119,21 @@ class Detector:
         else:
             report = load_detector_weights(model, weights_file(weights), strict=strict)
             info = weights_record(weights, RANDOM_SEED, report.summary(), classes, attributes)
-        model.eval().to(torch.device(device))
-        return cls(model, config, sel, preset, info, classes, attributes, grid)
+        device = torch.device(device)
+        # folded here on the CPU, in float64 as always (the same weights on every device), then moved
+        # in their layout
+        set_memory_format(model, conv_memory_format(device, config.dtype))
+        model.eval().to(device)
+        return cls(model, config, sel, preset, info, classes, attributes, grid, forward, forward_batch)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def forward_path(self) -> str:
+        """`per-image` or `batched`: the path `detect` takes on this detector's device."""
+        return forward_path(self.forward, self.device)
 
     @property
     def feature_dim(self) -> int:
@@ -136,8 +169,12 @@ class Detector:
             ids = [Path(im).stem if isinstance(im, (str, Path)) else str(i) for i, im in enumerate(images)]
         cfg = self.config
         stage = _StageTimer(timings, self.device)
-        # float32 means IEEE float32 on CUDA too: TF32 would move scores enough to swap near-tied regions
-        with torch.inference_mode(), float32_precision(tf32=False):
+        batch = self.forward_batch if self.forward_path == "batched" else None
+        sides = (cfg.min_size, cfg.max_size)  # the batched forward's canvas, in each image's orientation
+        # float32 means IEEE float32 on CUDA too: TF32 would move scores enough to swap near-tied regions;
+        # cuDNN's deterministic algorithms make two runs write the same bits
+        cudnn = deterministic_cudnn() if self.device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), float32_precision(tf32=False), cudnn:
             with stage("preprocess"):
                 loaded = [
                     load_image(im) if isinstance(im, (str, Path)) else load_image(im, ids[i])
@@ -152,7 +189,7 @@ class Detector:
                     batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
                 ]
             if self.grid is not None:
-                cells = self.model.grid_features(inputs, self.grid, stage)
+                cells = self.model.grid_features(inputs, self.grid, stage, batch, sides)
                 with stage("selection"):
                     return [
                         to_grid_record(
@@ -166,7 +203,10 @@ class Detector:
                         )
                         for out, img_id, size, im in zip(cells, ids, original_sizes, resized, strict=True)
                     ]
-            outputs = self.model(inputs, stage)
+            if batch is None:
+                outputs = self.model(inputs, stage)
+            else:
+                outputs = self.model.forward_batched(inputs, stage, batch, sides)
             with stage("selection"):
                 return [
                     to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from extraction.backbone import CanvasMask
 from extraction.config import DetectorConfig
 
 FEATURE_KINDS = ("regions", "grid")  # what `xmodal extract --features` writes
@@ -90,14 +91,21 @@ class GridConfig:
             f"{pooling}; each cell's class and attributes from the box predictor on its feature"
         )
 
-    def res5_map(self, res5: nn.Sequential, res4: torch.Tensor) -> torch.Tensor:
-        """The RoI head's res5 stage over a whole (1, C, H, W) res4 map, at this grid's stride.
+    def res5_map(
+        self, res5: nn.Sequential, res4: torch.Tensor, mask: CanvasMask | None = None
+    ) -> torch.Tensor:
+        """The RoI head's res5 stage over whole (N, C, H, W) res4 maps, at this grid's stride; `mask` when
+        they are padded canvases (backbone.CanvasMask).
 
         At 32 the stage runs on every other row and column of res4 with its 3x3 convolutions undilated:
         as its stride sits on the first block's 1x1 convolutions, this is exactly the stride-16 map's
         even rows and columns (the zero padding lines up too)."""
         if self.stride == MAP_STRIDE:
-            return res5(res4)
+            if mask is None:
+                return res5(res4)
+            for block in res5:
+                res4 = block(res4, mask=mask)
+            return res4
         step = self.stride // MAP_STRIDE
         dilations = {block.conv2.dilation for block in res5}
         if dilations != {(step, step)}:
@@ -106,8 +114,10 @@ class GridConfig:
                 f"{step}, this one has {sorted(d[0] for d in dilations)}; use the stride-16 grid"
             )
         x = res4[:, :, ::step, ::step]
+        if mask is not None:
+            mask.subsample(tuple(res4.shape[-2:]), step)
         for block in res5:
-            x = block(x, dilation=1)
+            x = block(x, dilation=1) if mask is None else block(x, dilation=1, mask=mask)
         return x
 
     def pool_map(self, res5: torch.Tensor) -> torch.Tensor:

@@ -358,6 +358,10 @@ def batch_images(
     height, width = max(s[0] for s in sizes), max(s[1] for s in sizes)
     batch = torch.zeros((len(images), 3, height, width), dtype=torch.float32, device=device)
     for i, im in enumerate(images):
-        x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1))).to(device, torch.float32)
+        x = torch.from_numpy(np.ascontiguousarray(im.transpose(2, 0, 1)))
+        if device.type == "cuda":
+            # uint8 through pinned memory: a quarter of float32's bytes, copied without blocking the host
+            x = x.pin_memory().to(device, non_blocking=True)
+        x = x.to(device, torch.float32)
         batch[i, :, : im.shape[0], : im.shape[1]] = (x - mean) / std
     return batch, sizes

@@ -1,6 +1,8 @@
 """The whole network with detectron2's module names (backbone, proposal_generator, roi_heads) and its
 forward: normalised images -> each image's proposals and their RoI outputs, or, given ground truth,
-detectron2's training losses."""
+detectron2's training losses. Two ways in at test time: one image at a time (`forward`, the reference)
+or batched on padded canvases (`forward_batched`, for accelerators); both give each image's outputs
+independently of its batch-mates."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from extraction.backbone import Conv2d, ResNetC4
+from extraction.backbone import CanvasMask, Conv2d, ResNetC4
 from extraction.box_coder import BoxCoder
 from extraction.config import DetectorConfig, TrainingConfig
-from extraction.grid import GridConfig, GridOutputs
+from extraction.grid import MAP_STRIDE, GridConfig, GridOutputs
 from extraction.roi_heads import Res5ROIHeads
 from extraction.rpn import RPN
 from extraction.sampling import Matcher
@@ -24,6 +26,46 @@ RANDOM_SEED = 0
 StageTimer = Callable[[str], contextlib.AbstractContextManager]
 NETWORK_STAGES = ("backbone", "rpn", "roi_head")
 GRID_STAGES = ("backbone", "res5_grid")  # the grid path: no proposals, res5 once over the whole map
+FORWARD_MODES = ("per-image", "batched", "auto")  # auto: batched on accelerators, per-image on CPU
+# A batched image sits in the top-left corner of a canvas that depends on its own size alone: the
+# detector's (min_size, max_size) in the image's orientation (one canvas for every landscape image, one
+# for every portrait one: a call's images share few canvases), else its sides rounded up to this
+CANVAS_STEP = 128
+
+
+def forward_path(mode: str, device: torch.device) -> str:
+    """`per-image` or `batched` for a FORWARD_MODES value on `device`; ValueError naming the setting."""
+    if mode not in FORWARD_MODES:
+        raise ValueError(f"forward must be one of {', '.join(FORWARD_MODES)}; got {mode!r}")
+    if mode == "auto":
+        # on CPU the RoI head already batches an image's 300 RoIs and the canvas only adds work
+        return "per-image" if torch.device(device).type == "cpu" else "batched"
+    return mode
+
+
+def canvas_of(h: int, w: int, sides: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The canvas of an (h, w) image: `sides` (short, long) in its orientation when it fits, else its
+    own sides rounded up to CANVAS_STEP."""
+    if sides is not None:
+        canvas = (min(sides), max(sides)) if h <= w else (max(sides), min(sides))
+        if h <= canvas[0] and w <= canvas[1]:
+            return canvas
+    return -(-h // CANVAS_STEP) * CANVAS_STEP, -(-w // CANVAS_STEP) * CANVAS_STEP
+
+
+def canvas_batches(
+    images: list[torch.Tensor], batch_size: int, sides: tuple[int, int] | None = None
+) -> list[tuple[tuple[int, int], list[int]]]:
+    """(canvas (H, W), indices) of each batch of at most `batch_size` images sharing a canvas (`canvas_of`),
+    in order of first appearance."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, image in enumerate(images):
+        groups.setdefault(canvas_of(*image.shape[-2:], sides), []).append(i)
+    return [
+        (canvas, idx[start : start + batch_size])
+        for canvas, idx in groups.items()
+        for start in range(0, len(idx), batch_size)
+    ]
 
 
 @dataclass
@@ -111,29 +153,107 @@ class VGFasterRCNN(nn.Module):
                 )
         return out
 
+    def forward_batched(
+        self,
+        images: list[torch.Tensor],
+        stage: StageTimer = _untimed,
+        batch_size: int = 8,
+        canvas_sides: tuple[int, int] | None = None,
+    ) -> list[ImageOutputs]:
+        """`forward` for accelerators: images sharing a canvas (`canvas_of`; `canvas_sides` = the detector's
+        (min_size, max_size)) go through the trunk together, `batch_size` at a time, and the proposals of
+        each `batch_size` images through the RoI head in one call.
+
+        Every call has a fixed shape (a batch short of `batch_size` is filled with blank canvases, the RoI
+        head's call with blank RoIs) and each image's activations are masked to its own extent, so an
+        image's outputs are bit for bit the same alone or in any batch; against `forward` they differ only
+        in rounding (other convolution shapes)."""
+        found: list[tuple | None] = [None] * len(images)  # each image's res4 map, proposals, objectness
+        rpn = self.proposal_generator
+        with self._autocast(images[0].device if images else torch.device("cpu")):
+            for canvas, idx in canvas_batches(images, batch_size, canvas_sides):
+                with stage("backbone"):
+                    res4, mask = self._canvas_trunk(images, idx, canvas, batch_size)
+                    extents = mask.at(tuple(res4.shape[-2:]))
+                with stage("rpn"):
+                    logits, deltas = rpn.rpn_head(res4.contiguous())
+                    for slot, i in enumerate(idx):
+                        fh, fw = extents[slot]
+                        scores, d = rpn.flatten(
+                            logits[slot : slot + 1, :, :fh, :fw], deltas[slot : slot + 1, :, :fh, :fw]
+                        )
+                        boxes, obj = rpn.proposals(scores, d, (fh, fw), tuple(images[i].shape[-2:]))
+                        found[i] = (res4[slot : slot + 1, :, :fh, :fw], boxes, obj)
+            out = []
+            for start in range(0, len(images), batch_size):
+                chunk = found[start : start + batch_size]
+                with stage("roi_head"):
+                    rois = self.roi_heads.forward_images(
+                        [c[0] for c in chunk], [c[1] for c in chunk], batch_size * rpn.post_nms_topk
+                    )
+                out.extend(
+                    ImageOutputs(boxes, obj, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits)
+                    for (_, boxes, obj), roi in zip(chunk, rois, strict=True)
+                )
+        return out
+
+    def _canvas_trunk(
+        self, images: list[torch.Tensor], idx: list[int], canvas: tuple[int, int], batch_size: int
+    ) -> tuple[torch.Tensor, CanvasMask]:
+        """res4 of `batch_size` canvas slots (images `idx` first, then blanks) and the slots' mask."""
+        x = images[idx[0]].new_zeros((batch_size, 3, *canvas))
+        sizes = [(0, 0)] * batch_size
+        for slot, i in enumerate(idx):
+            h, w = images[i].shape[-2:]
+            x[slot, :, :h, :w] = images[i]
+            sizes[slot] = (h, w)
+        mask = CanvasMask(sizes, canvas)
+        return self.backbone(x, mask), mask
+
     def grid_features(
-        self, images: list[torch.Tensor], grid: GridConfig, stage: StageTimer = _untimed
+        self,
+        images: list[torch.Tensor],
+        grid: GridConfig,
+        stage: StageTimer = _untimed,
+        batch_size: int | None = None,
+        canvas_sides: tuple[int, int] | None = None,
     ) -> list[GridOutputs]:
         """Normalised images -> each image's grid cells: stem -> res4 over the whole image, the RoI head's
         res5 (same weights) over the whole res4 map at the grid's stride, pooled by `grid`, then the box
-        predictor on each cell. Images run one at a time, as in `forward`, so a cell never depends on its
-        batch-mates."""
-        out = []
+        predictor on each cell. Images run one at a time, as in `forward`, or with `batch_size` on padded
+        canvases, as in `forward_batched`; either way a cell never depends on its batch-mates."""
+        out: list[GridOutputs | None] = [None] * len(images)
         with self._autocast(images[0].device if images else torch.device("cpu")):
-            for image in images:
+            if batch_size is None:
+                batches = [((0, 0), [i]) for i in range(len(images))]
+            else:
+                batches = canvas_batches(images, batch_size, canvas_sides)
+            for canvas, idx in batches:
                 with stage("backbone"):
-                    res4 = self.backbone(image[None])
+                    if batch_size is None:
+                        res4 = self.backbone(images[idx[0]][None])
+                        mask, extents = None, [tuple(res4.shape[-2:])]
+                    else:
+                        res4, mask = self._canvas_trunk(images, idx, canvas, batch_size)
+                        extents = mask.at(tuple(res4.shape[-2:]))
                 with stage("res5_grid"):
-                    res5 = grid.res5_map(self.roi_heads.res5, res4)
-                    cells = grid.pool_map(res5)
-                    features = cells.flatten(2)[0].t().contiguous()  # (rows * cols, D), row-major
-                    # as the RoI head does, minus the box deltas: a cell's box is the cell
-                    with torch.autocast(features.device.type, enabled=False):
-                        predictor = self.roi_heads.box_predictor
-                        cls_logits = predictor.cls_score(features)
-                        attr_logits = predictor.attributes(features, cls_logits.argmax(dim=-1))
-                out.append(GridOutputs(features, cls_logits, attr_logits, tuple(res5.shape[-2:])))
+                    res5 = grid.res5_map(self.roi_heads.res5, res4, mask)
+                    for slot, i in enumerate(idx):
+                        out[i] = self._grid_cells(res5[slot : slot + 1], extents[slot], grid)
         return out
+
+    def _grid_cells(self, res5: torch.Tensor, res4_hw: tuple[int, int], grid: GridConfig) -> GridOutputs:
+        """One image's cells from its (1, D, H, W) res5 map (cropped to the image's own part of a canvas)."""
+        step = grid.stride // MAP_STRIDE
+        res5 = res5[:, :, : -(-res4_hw[0] // step), : -(-res4_hw[1] // step)]
+        cells = grid.pool_map(res5)
+        features = cells.flatten(2)[0].t().contiguous()  # (rows * cols, D), row-major
+        # as the RoI head does, minus the box deltas: a cell's box is the cell
+        with torch.autocast(features.device.type, enabled=False):
+            predictor = self.roi_heads.box_predictor
+            cls_logits = predictor.cls_score(features)
+            attr_logits = predictor.attributes(features, cls_logits.argmax(dim=-1))
+        return GridOutputs(features, cls_logits, attr_logits, tuple(res5.shape[-2:]))
 
     def evaluate_image(self, image: torch.Tensor, boxes: torch.Tensor) -> tuple[ImageOutputs, torch.Tensor]:
         """One image's outputs, and the attribute logits (N, A+1) of the given boxes (N, 4) in input pixels

@@ -56,9 +56,12 @@ class RPN(nn.Module):
     def head_outputs(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-anchor objectness logits (A,) and deltas (A, 4), flattened (y, x, anchor) like detectron2."""
         # the head's weights are plain NCHW (a layout mixed with channels-last inputs runs slowest)
-        logits, deltas = self.rpn_head(features.contiguous())
+        return self.flatten(*self.rpn_head(features.contiguous()))
+
+    def flatten(self, logits: torch.Tensor, deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One image's head outputs ((1, A, h, w) logits, (1, 4A, h, w) deltas) flattened as head_outputs."""
         num_anchors = self.anchor_generator.num_anchors
-        fh, fw = features.shape[-2:]
+        fh, fw = logits.shape[-2:]
         scores = logits[0].permute(1, 2, 0).reshape(-1).float()
         d = deltas[0].reshape(num_anchors, 4, fh, fw).permute(2, 3, 0, 1).reshape(-1, 4).float()
         return scores, d

@@ -48,6 +48,7 @@ cluster can see.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from extraction.config import SELECTION_RULES
     from extraction.grid import FEATURE_KINDS
+    from extraction.rcnn import FORWARD_MODES
     from pipelines.jobs.extract.config import SHARD_MODES, ExtractConfig
     from pipelines.jobs.image_inputs import ID_RULES
 
@@ -116,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ray_group = parser.add_argument_group("Ray")
     ray_group.add_argument("--batch-size", type=int, help=f"images per detector call {default('batch_size')}")
     ray_group.add_argument(
+        "--forward",
+        choices=FORWARD_MODES,
+        help="per-image: one image at a time through the network (the reference); batched: a call's "
+        "images through the trunk together on padded canvases and all their RoIs through res5 at once "
+        "(records bit for bit the same in any batch, equal to per-image up to rounding); auto: batched "
+        f"on GPUs, per-image on CPU {default('forward')}",
+    )
+    ray_group.add_argument(
         "--shards",
         choices=SHARD_MODES,
         help="none: the driver writes one store; per-replica: each replica writes its own shard under "
@@ -127,7 +136,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"with --shards: detector batches per work unit handed to a replica {default('unit_batches')}",
     )
     ray_group.add_argument(
-        "--workers", type=int, help="detector replicas (default: one per GPU, else 1 on CPU)"
+        "--workers",
+        type=_workers,
+        help="detector replicas, or auto: one per GPU of the cluster (every GPU; see --gpus-per-worker), "
+        "else 1 on CPU (default: auto)",
     )
     ray_group.add_argument(
         "--gpus-per-worker", type=float, help=f"GPUs per replica {default('gpus_per_worker')}"
@@ -162,6 +174,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides_argument(parser, "extract config overrides, e.g. batch_size=8 commit_seconds=5")
 
 
+def _workers(text: str) -> int | None:
+    """`--workers`: a count, or auto (None: one replica per GPU, else one)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of replicas or auto, got {text!r}") from None
+
+
 def resolve_extract_config(args: argparse.Namespace):
     """ExtractConfig defaults < --config YAML < flags < KEY=VALUE overrides; `--set` detector settings and
     --min-size/--max-size merge into `overrides`."""
@@ -183,6 +205,7 @@ def resolve_extract_config(args: argparse.Namespace):
         "min_boxes": args.min_boxes,
         "max_boxes": args.max_boxes,
         "batch_size": args.batch_size,
+        "forward": args.forward,
         "shards": args.shards,
         "unit_batches": args.unit_batches,
         "workers": args.workers,
@@ -210,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         return _submit_self(args)
 
     from extraction.config import resolve_config
-    from pipelines.jobs.extract.config import SHARD_MODES, JobError, grid_config
+    from pipelines.jobs.extract.config import SHARD_MODES, JobError, check_forward, grid_config
     from pipelines.jobs.extract.driver import run_extract
     from pipelines.jobs.image_inputs import InputError
     from storage import StoreError
@@ -224,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         detector = {k: v for k, v in cfg.overrides.items() if k not in ("min_size", "max_size")}
         resolve_config(cfg.preset, cfg.selection, cfg.min_boxes, cfg.max_boxes, **detector)
         grid_config(cfg)
+        check_forward(cfg)
     except ValueError as exc:
         log.error("%s", exc)
         return 1
@@ -275,6 +299,7 @@ def cluster_argv(args: argparse.Namespace) -> list[str]:
         "--min-size": args.min_size,
         "--max-size": args.max_size,
         "--batch-size": args.batch_size,
+        "--forward": args.forward,
         "--shards": args.shards,
         "--unit-batches": args.unit_batches,
         "--workers": args.workers,

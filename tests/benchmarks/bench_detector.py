@@ -212,7 +212,10 @@ def print_stages(per_image: dict[str, dict]) -> None:
 
 def run_reference(args, images) -> dict:
     det = build(args)
-    ref = Detector(ReferenceRCNN(det.model), det.config, det.selection, det.preset, det._weights)
+    # the reference network has only the per-image forward
+    ref = Detector(
+        ReferenceRCNN(det.model), det.config, det.selection, det.preset, det._weights, forward="per-image"
+    )
     per_image, records = alternate({"reference": ref, "xmodal": det}, images)
     print_stages(per_image)
     # the same regions: equal count and labels, boxes equal up to float rounding (the proposals' RPN

@@ -43,7 +43,7 @@ class StubDetector:
     def provenance(self) -> dict:
         return {"preset": "stub", "weights": "none", "weights_sha256": None}
 
-    def detect(self, images: list, ids: list[str]) -> list:
+    def detect(self, images: list, ids: list[str], original_sizes: list | None = None) -> list:
         from storage import RegionFeatures
 
         return [

@@ -77,3 +77,21 @@ def test_detect_on_cuda_is_ieee_float32(small_detector, make_image, reselect, re
     assert on_gpu.boxes.shape == on_cpu.boxes.shape
     scale = float(abs(on_cpu.features).max()) + 1e-6
     assert float(abs(on_gpu.features.astype("float64") - on_cpu.features).max()) / scale < 1e-4
+
+
+@pytest.mark.parametrize("outside", [(False, True), (True, False)])
+def test_deterministic_cudnn_holds_inside_and_puts_back_what_was_set(outside):
+    from extraction.precision import deterministic_cudnn
+
+    cudnn = torch.backends.cudnn
+    before = cudnn.deterministic, cudnn.benchmark
+    try:
+        cudnn.deterministic, cudnn.benchmark = outside
+        with deterministic_cudnn():
+            assert (cudnn.deterministic, cudnn.benchmark) == (True, False)
+        assert (cudnn.deterministic, cudnn.benchmark) == outside
+        with pytest.raises(RuntimeError), deterministic_cudnn():
+            raise RuntimeError("a failed detection")
+        assert (cudnn.deterministic, cudnn.benchmark) == outside
+    finally:
+        cudnn.deterministic, cudnn.benchmark = before

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import DEFAULT_GRID, FEATURE_KINDS, GridConfig
+from extraction.rcnn import FORWARD_MODES
 from extraction.selection import SelectionConfig
 from pipelines.engine import config_io
 from pipelines.jobs.image_inputs import InputError
@@ -62,9 +63,12 @@ class ExtractConfig:
     max_boxes: int = 36
     overrides: dict = field(default_factory=dict)  # Detector.build overrides (min_size, max_size, ...)
     batch_size: int = 4
+    # per-image: one image at a time (the reference); batched: a batch's images through the trunk together
+    # on padded canvases, their RoIs through res5 in one call; auto: batched on GPUs, per-image on CPU
+    forward: str = "auto"  # one of FORWARD_MODES
     shards: str = "none"  # one of SHARD_MODES
     unit_batches: int = 8  # with shards: detector batches per work unit (the driver's cost is per unit)
-    workers: int | None = None  # None: one per GPU, else one CPU replica
+    workers: int | None = None  # None (`--workers auto`): one per GPU (every GPU), else one CPU replica
     gpus_per_worker: float = 1.0
     cpus_per_worker: float | None = None  # None: 1 with GPUs, else the CPUs left after decoding, shared
     address: str | None = None
@@ -122,10 +126,29 @@ def grid_config(cfg: ExtractConfig) -> GridConfig | None:
     return GridConfig.parse(cfg.grid) if cfg.features == "grid" else None
 
 
+def check_forward(cfg: ExtractConfig) -> None:
+    """ValueError naming the setting when `forward` is not one of FORWARD_MODES."""
+    if cfg.forward not in FORWARD_MODES:
+        raise ValueError(f"--forward {cfg.forward!r} is not one of {', '.join(FORWARD_MODES)}")
+
+
+def working_size(cfg: ExtractConfig) -> tuple[int, int]:
+    """The detector's (min_size, max_size): what the decoders resize to before an image crosses to a
+    replica (a detector directory's own sizes unless overridden)."""
+    from extraction.weights import resolve_detector
+
+    config = resolve_detector(
+        cfg.preset, cfg.weights, cfg.selection, cfg.min_boxes, cfg.max_boxes, **cfg.overrides
+    )[0]
+    return config.min_size, config.max_size
+
+
 def build_kwargs(cfg: ExtractConfig, device: str) -> dict:
     grid = grid_config(cfg)
     return dict(
         grid=grid.spec if grid is not None else None,
+        forward=cfg.forward,
+        forward_batch=cfg.batch_size,
         preset=cfg.preset,
         weights=cfg.weights,
         device=device,
@@ -134,6 +157,16 @@ def build_kwargs(cfg: ExtractConfig, device: str) -> dict:
         max_boxes=cfg.max_boxes,
         **cfg.overrides,
     )
+
+
+def running_preset(cfg: ExtractConfig) -> str:
+    """The preset that runs: a trained detector directory's own (`weights`), else `preset`; what the
+    store's provenance records beside these settings."""
+    from extraction.weights import is_detector_dir, read_detector_dir
+
+    if cfg.weights and is_detector_dir(cfg.weights):
+        return read_detector_dir(cfg.weights)["preset"]
+    return cfg.preset
 
 
 def recorded_settings(cfg: ExtractConfig, provenance: dict | None) -> dict:
@@ -145,7 +178,7 @@ def recorded_settings(cfg: ExtractConfig, provenance: dict | None) -> dict:
     settings = {
         "features": cfg.features,
         "grid": grid.spec if grid is not None else None,
-        "preset": cfg.preset,
+        "preset": running_preset(cfg),
         "selection": cfg.selection,
         # a grid's cells are its box count; --min-boxes/--max-boxes do not apply
         "min_boxes": cfg.min_boxes if grid is None else None,

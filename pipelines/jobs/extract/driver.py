@@ -38,6 +38,7 @@ from pipelines.jobs.extract.config import (
     errors_path,
     recorded_settings,
     summary_path,
+    working_size,
 )
 from pipelines.jobs.extract.plan import DECODE_CPUS, plan_resources
 from pipelines.jobs.extract.pool import Job, Slot, await_replicas, units
@@ -87,6 +88,7 @@ def run_extract(cfg: ExtractConfig, replica: type = Replica) -> ExtractSummary:
                 build,
                 plan.threads,
                 cfg.decode_timeout,
+                {"working": working_size(cfg), "threads": plan.decode_threads},
                 **({"shard": str(shard_path(root, i)), "cfg": cfg, "job": job_token} if sharded else {}),
             )
             for i in range(plan.workers)

@@ -16,6 +16,10 @@ from pipelines.jobs.ray_runtime import local_cpu_count
 log = logging.getLogger(__name__)
 
 DECODE_CPUS = 0.25  # the reservation of each replica's decoder
+# images a GPU replica's decoder reads and resizes at once: a 480x640 JPEG takes ~8-11 ms of CPU
+# (issue 42), so one thread caps a replica near 100 images/s; a CPU replica's decoder keeps one, its
+# cores are the replica's
+GPU_DECODE_THREADS = 4
 
 
 @dataclass
@@ -25,6 +29,7 @@ class Plan:
     gpus: float
     threads: int
     device: str
+    decode_threads: int = 1  # images each replica's decoder decodes at once
 
 
 def plan_resources(cfg: ExtractConfig, local: bool) -> Plan:
@@ -81,7 +86,12 @@ def plan_resources(cfg: ExtractConfig, local: bool) -> Plan:
         )
     threads = max(1, round(per_cpu))
     return Plan(
-        workers, per_cpu, cfg.gpus_per_worker if use_gpu else 0.0, threads, "cuda" if use_gpu else "cpu"
+        workers,
+        per_cpu,
+        cfg.gpus_per_worker if use_gpu else 0.0,
+        threads,
+        "cuda" if use_gpu else "cpu",
+        GPU_DECODE_THREADS if use_gpu else 1,
     )
 
 

@@ -50,11 +50,14 @@ class Slot:
         build: dict,
         threads: int,
         decode_timeout: float,
+        decoder_options: dict | None = None,
         **replica_options,
     ) -> None:
+        """`decoder_options`: the decoder's other arguments (the detector's working size to resize to,
+        its threads)."""
         self._make = lambda: (
             replica_cls.remote(build, threads, **replica_options),
-            decoder_cls.remote(decode_timeout),
+            decoder_cls.remote(decode_timeout, **(decoder_options or {})),
         )
         self.handle, self.decoder = self._make()
         self.inflight: dict[ray.ObjectRef, Unit] = {}

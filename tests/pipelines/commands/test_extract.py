@@ -73,6 +73,27 @@ def test_a_bad_grid_is_one_line_before_any_work(caplog):
     assert "--features 'grids' is not one of regions, grid" in caplog.text
 
 
+def test_forward_and_workers_auto_reach_the_config_the_detector_and_the_cluster_command(tmp_path, caplog):
+    from pipelines.jobs.extract.config import build_kwargs
+
+    argv = ["imgs", "--out", "f.lmdb", "--forward", "batched", "--workers", "auto", "--batch-size", "6"]
+    cfg = _resolve(argv)
+    assert (cfg.forward, cfg.workers) == ("batched", None)
+    assert _resolve(["imgs", "--out", "f.lmdb", "--workers", "3"]).workers == 3
+    assert _resolve(["imgs", "--out", "f.lmdb"]).forward == "auto"
+    kwargs = build_kwargs(cfg, "cpu")
+    assert (kwargs["forward"], kwargs["forward_batch"]) == ("batched", 6)
+    args = build_parser().parse_args(["extract", *argv])
+    assert vars(build_parser().parse_args(cluster_argv(args))) == vars(args)
+    path = tmp_path / "extract.yaml"
+    path.write_text("inputs: [a/]\nout: f.lmdb\nforward: per-image\n")
+    assert _resolve(["--config", str(path)]).forward == "per-image"
+    assert main(["extract", "a/", "--out", "f.lmdb", "forward=fast"]) == 1
+    assert "--forward 'fast' is not one of per-image, batched, auto" in caplog.text
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["extract", "a/", "--out", "f.lmdb", "--workers", "many"])
+
+
 def test_bad_config_key_or_value_is_bad_input(tmp_path, caplog):
     path = tmp_path / "extract.yaml"
     path.write_text("inputs: [a/]\nout: f.lmdb\nbatch_sise: 3\n")

@@ -228,6 +228,75 @@ def test_a_decode_past_the_timeout_is_skipped_and_the_batch_goes_on(tmp_path, mo
     assert img_id == "stall" and "not read and decoded within 0.3s (--decode-timeout)" in why
 
 
+def test_decoder_threads_keep_the_order_and_a_stalled_image_holds_up_no_other(tmp_path, monkeypatch):
+    import extraction
+    from pipelines.jobs.extract.actors import decode_images
+    from pipelines.jobs.image_inputs import ImageInput
+
+    real = extraction.load_image
+    release = threading.Event()
+    seen_at_once, lock, running = [0], threading.Lock(), [0]
+
+    def slow(path, *args, **kwargs):
+        with lock:
+            running[0] += 1
+            seen_at_once[0] = max(seen_at_once[0], running[0])
+        try:
+            if "img_001" in str(path):
+                release.wait(30)
+            else:
+                time.sleep(0.05)
+            return real(path, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(extraction, "load_image", slow)
+    make_images(tmp_path, 6)
+    items = [ImageInput(p.stem, str(p)) for p in sorted(tmp_path.iterdir())]
+    t0 = time.monotonic()
+    batch = decode_images(items, timeout=1.0, working=(64, 96), threads=3)
+    release.set()
+    assert time.monotonic() - t0 < 5
+    assert batch.ids == [i.img_id for i in items if i.img_id != "img_001"]  # in order, the stall left out
+    assert [f[0] for f in batch.failures] == ["img_001"] and "--decode-timeout" in batch.failures[0][1]
+    assert 1 < seen_at_once[0] <= 3
+    assert all(min(im.shape[:2]) == 64 or max(im.shape[:2]) == 96 for im in batch.images)
+
+
+@pytest.mark.parametrize("forward", ["per-image", "batched"])
+def test_decoders_resize_to_the_working_size_and_replicas_write_what_detect_gives(forward, tmp_path):
+    """Only working-size pixels cross to the replica (with the originals' sizes), and its records equal
+    `Detector.detect` on the files bit for bit, on either forward path."""
+    import torch
+
+    from pipelines.jobs.extract.actors import Replica, decode_images
+    from pipelines.jobs.extract.config import build_kwargs, working_size
+
+    make_images(tmp_path / "imgs", 5)
+    items = list(iter_images([tmp_path / "imgs"]))
+    cfg = config(tmp_path / "imgs", tmp_path / "x.lmdb", forward=forward)
+    assert working_size(cfg) == (TINY["min_size"], TINY["max_size"])
+    batch = decode_images(items, timeout=10, working=working_size(cfg))
+    for item, image, size in zip(items, batch.images, batch.sizes, strict=True):
+        with Image.open(item.path) as original:
+            assert size == (original.height, original.width)
+        assert min(image.shape[:2]) == TINY["min_size"] or max(image.shape[:2]) == TINY["max_size"]
+    threads = torch.get_num_threads()
+    try:
+        replica = Replica(build_kwargs(cfg, "cpu"), threads=1)
+        assert replica.det.forward_path == forward
+        records, failures = replica.detect(batch)
+        want = replica.det.detect([i.path for i in items], [i.img_id for i in items])
+    finally:
+        torch.set_num_threads(threads)
+    assert not failures and [r.img_id for r in records] == [w.img_id for w in want]
+    for got, exp in zip(records, want, strict=True):
+        assert (got.img_h, got.img_w) == (exp.img_h, exp.img_w)
+        np.testing.assert_array_equal(got.boxes, exp.boxes)
+        np.testing.assert_array_equal(got.features, exp.features)
+
+
 def test_duplicate_ids_fail_before_any_work_naming_both_files(tmp_path):
     from pipelines.jobs.extract.driver import run_extract
 
