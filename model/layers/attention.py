@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .dropout import Dropout
+
+_STATIC = False
+
+
+@contextlib.contextmanager
+def static_layout(on: bool = True) -> Iterator[None]:
+    """Inside, `Rows` (and the one-stream encoder) keep the padded layout and ask the device nothing: every
+    position is a row, padding is masked out of attention and zeroed where rows return to the batch, so
+    shapes follow the batch's size alone and a compiled step has no graph break or host sync. Real
+    positions get the same values as the padding-free rows up to rounding. Outside (the default), the
+    padding-free rows: the reference, and the faster layout for an eager step."""
+    global _STATIC
+    before, _STATIC = _STATIC, on
+    try:
+        yield
+    finally:
+        _STATIC = before
+
+
+def static_layout_on() -> bool:
+    return _STATIC
 
 
 class Rows:
@@ -18,15 +41,20 @@ class Rows:
     rows alone (a batch of sentences of 10 to 20 tokens padded to 20 skips a quarter of the language
     arithmetic). Attention needs the (B, S) layout and gets it from `to_batch`, with zero rows at the
     padding; `mask` keeps those out of every key. Without padding both conversions are views.
+    Under `static_layout()` every position is a row (T = B x S) and `left_padded` is not looked at.
     """
 
     def __init__(self, mask: torch.Tensor | None, batch: int, length: int):
         self.shape = (batch, length)
         self.index: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None  # (B, 1, 1, S), True = attend
+        self.keep: torch.Tensor | None = None  # (B x S, 1), static layout: False = padding, zeroed
         self.left_padded = False  # some row's first position is padding
         if mask is not None:
             real = mask.to(torch.bool)
+            if _STATIC:
+                self.mask, self.keep = real[:, None, None, :], real.reshape(-1, 1)
+                return
             index = real.flatten().nonzero().squeeze(1)  # one host sync; a second only with padding
             if index.numel() < batch * length:
                 self.index = index
@@ -43,6 +71,8 @@ class Rows:
         b, s = self.shape
         if self.index is not None:
             rows = rows.new_zeros(b * s, rows.shape[-1]).index_copy(0, self.index, rows)
+        elif self.keep is not None:
+            rows = rows.masked_fill(~self.keep, 0)
         return rows.view(b, s, -1)
 
 

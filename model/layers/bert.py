@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import static_layout_on
 from .dropout import Dropout
 
 
@@ -125,7 +126,9 @@ class BertEncoder(nn.Module):
         self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool = False
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """x (B, S, H); key_mask (B, S), 1 = real position (padding is never attended to)."""
-        mask = None if key_mask is None or bool(key_mask.all()) else key_mask.bool()[:, None, None, :]
+        # the static layout (a compiled step) keeps even an all-real mask rather than ask the device
+        everywhere = key_mask is None or (not static_layout_on() and bool(key_mask.all()))
+        mask = None if everywhere else key_mask.bool()[:, None, None, :]
         attentions = []
         for layer in self.layer:
             x, probs = layer(x, mask, output_attentions)

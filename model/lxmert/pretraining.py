@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.attention import static_layout_on
 from ..layers.heads import ClassifierHead
 from ..layers.init import init_weights
+from ..layers.labelled import masked_lm_loss
 from ..layers.tied import TiedWords
 from ..pretrained import PretrainedMixin
 from .config import LxmertConfig
@@ -126,13 +128,9 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
         losses = result.losses
 
         if lm_labels is not None:
-            picked = lm_labels != -100
-            if attention_mask is not None:
-                picked = picked & attention_mask.bool()
-            targets = lm_labels[picked]
-            result.lm_logits = self.mlm_head(out.language_output[picked], words)
-            summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
-            losses["mlm"] = _mean_over_labelled(summed, targets.numel())
+            result.lm_logits, losses["mlm"] = masked_lm_loss(
+                lambda rows: self.mlm_head(rows, words), out.language_output, lm_labels, attention_mask
+            )
         elif inference:
             result.lm_logits = self.mlm_head(out.language_output, word)
 
@@ -183,7 +181,11 @@ class LxmertForPreTraining(PretrainedMixin, nn.Module):
                 per_slot = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
                 result.losses[name] = (per_slot * weight.flatten()).mean() * scale
         target, weight = feat
-        if target is not None:
+        if target is not None and static_layout_on():  # a compiled step: every slot, a fixed shape
+            result.feat_pred = head.feat(h)
+            per_slot = F.smooth_l1_loss(result.feat_pred, target.to(result.feat_pred.dtype), reduction="none")
+            result.losses["feat"] = (per_slot.mean(-1) * weight).sum() / weight.numel() * scale
+        elif target is not None:
             # Only the ~15% masked slots carry weight: regress the 2048-d features there alone.
             picked = weight != 0
             result.feat_pred = head.feat(h[picked])

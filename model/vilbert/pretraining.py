@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.layers.attention import static_layout_on
 from model.layers.init import init_weights
+from model.layers.labelled import masked_lm_loss
 from model.pretrained import PretrainedMixin
 
 from .config import VilbertConfig
@@ -114,13 +116,9 @@ class VilbertForPreTraining(PretrainedMixin, nn.Module):
         regions = out.vision_output[:, 1:]  # the global token has no target
 
         if lm_labels is not None:
-            picked = lm_labels != -100
-            if attention_mask is not None:
-                picked = picked & attention_mask.bool()
-            targets = lm_labels[picked]
-            result.lm_logits = self.cls.predictions(out.text_output[picked], words)
-            summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
-            losses["mlm"] = summed / max(targets.numel(), 1)
+            result.lm_logits, losses["mlm"] = masked_lm_loss(
+                lambda rows: self.cls.predictions(rows, words), out.text_output, lm_labels, attention_mask
+            )
         elif inference:
             result.lm_logits = self.cls.predictions(out.text_output, words)
 
@@ -134,17 +132,31 @@ class VilbertForPreTraining(PretrainedMixin, nn.Module):
             if visual_attention_mask is not None:
                 picked = picked & visual_attention_mask.bool()
             count = picked.sum().clamp(min=1)
-            logits = self.cls.imagePredictions(regions[picked])
-            result.region_logits = logits
-            log_probs = F.log_softmax(logits.float(), dim=-1)
-            if region_probs is not None:
-                target = region_probs[picked].float()
-                # KL(target || pred) with 0 log 0 = 0, as nn.KLDivLoss computes it.
-                kl = torch.xlogy(target, target) - target * log_probs
-                losses["region"] = kl.sum() / count
+            if static_layout_on():  # a compiled step: every region, the others weighted 0 (fixed shapes)
+                logits = self.cls.imagePredictions(regions)
+                result.region_logits = logits
+                log_probs = F.log_softmax(logits.float(), dim=-1)
+                if region_probs is not None:
+                    target = region_probs.float()
+                    kl = (torch.xlogy(target, target) - target * log_probs) * picked[..., None]
+                    losses["region"] = kl.sum() / count
+                else:
+                    labels = region_labels.masked_fill(~picked, 0)
+                    ce = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), reduction="none")
+                    weights = (region_weights.float() * picked).flatten()
+                    losses["region"] = (ce * weights).sum() / count
             else:
-                ce = F.nll_loss(log_probs, region_labels[picked], reduction="none")
-                losses["region"] = (ce * region_weights[picked].float()).sum() / count
+                logits = self.cls.imagePredictions(regions[picked])
+                result.region_logits = logits
+                log_probs = F.log_softmax(logits.float(), dim=-1)
+                if region_probs is not None:
+                    target = region_probs[picked].float()
+                    # KL(target || pred) with 0 log 0 = 0, as nn.KLDivLoss computes it.
+                    kl = torch.xlogy(target, target) - target * log_probs
+                    losses["region"] = kl.sum() / count
+                else:
+                    ce = F.nll_loss(log_probs, region_labels[picked], reduction="none")
+                    losses["region"] = (ce * region_weights[picked].float()).sum() / count
         elif inference:
             result.region_logits = self.cls.imagePredictions(regions)
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..layers.bert import MaskedLMPredictions
 from ..layers.init import init_weights
+from ..layers.labelled import masked_lm_loss
 from ..pretrained import PretrainedMixin
 from .config import VisualBertConfig
 from .modeling import VisualBert
@@ -86,13 +87,9 @@ class VisualBertForPreTraining(PretrainedMixin, nn.Module):
         )
         inference = lm_labels is None and matched_labels is None
         if lm_labels is not None:
-            picked = lm_labels != -100
-            if attention_mask is not None:
-                picked = picked & attention_mask.bool()
-            result.lm_logits = self.cls.predictions(text[picked], words)
-            targets = lm_labels[picked]
-            summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
-            result.losses["mlm"] = summed / max(targets.numel(), 1)
+            result.lm_logits, result.losses["mlm"] = masked_lm_loss(
+                lambda rows: self.cls.predictions(rows, words), text, lm_labels, attention_mask
+            )
         elif inference:
             result.lm_logits = self.cls.predictions(text, words)
         if matched_labels is not None or inference:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..layers.attention import static_layout_on
 from ..layers.bert import BertEncoder
 from ..layers.init import init_weights
 from ..pretrained import PretrainedMixin
@@ -178,7 +179,8 @@ class VlBert(PretrainedMixin, nn.Module):
         text_mask = (
             torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         )
-        if bool((text_mask[:, 1:] & ~text_mask[:, :-1]).any()):
+        # not inside a compiled step (static layout), where asking the device would stop the graph
+        if not static_layout_on() and bool((text_mask[:, 1:] & ~text_mask[:, :-1]).any()):
             raise ValueError(
                 "attention_mask has a token after padding: VL-BERT places the regions at the position after "
                 "the text, so pad on the right (tokenizer padding_side='right')"

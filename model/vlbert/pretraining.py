@@ -15,8 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.attention import static_layout_on
 from ..layers.bert import MaskedLMPredictions
 from ..layers.init import init_weights
+from ..layers.labelled import masked_lm_loss
 from ..pretrained import PretrainedMixin
 from .config import VlBertConfig
 from .modeling import VlBert
@@ -152,16 +154,27 @@ class VlBertForPreTraining(PretrainedMixin, nn.Module):
         )
         inference = lm_labels is None and masked_regions is None
         if lm_labels is not None:
-            picked = lm_labels != -100
-            if attention_mask is not None:
-                picked = picked & attention_mask.bool()
-            targets = lm_labels[picked]
-            result.lm_logits = self.mlm_head.predictions(out.text_output[picked], words_table)
-            summed = F.cross_entropy(result.lm_logits, targets, reduction="sum")
-            result.losses["mlm"] = summed / max(targets.numel(), 1)
+            result.lm_logits, result.losses["mlm"] = masked_lm_loss(
+                lambda rows: self.mlm_head.predictions(rows, words_table),
+                out.text_output,
+                lm_labels,
+                attention_mask,
+            )
         elif inference:
             result.lm_logits = self.mlm_head.predictions(out.text_output, words_table)
-        if masked_regions is not None:
+        if masked_regions is not None and static_layout_on():  # a compiled step: every region, fixed shapes
+            logits = self.mvrc_head(out.region_output)
+            result.region_logits = logits
+            weight = masked_regions.to(logits.dtype)
+            if region_probs is not None:
+                per_region = -(region_probs.to(logits.dtype) * logits.log_softmax(-1)).sum(-1)
+            else:
+                labels = region_labels.masked_fill(~masked_regions, 0)
+                per_region = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+                weight = weight * region_weights.to(logits.dtype)
+                per_region = per_region.view_as(weight)
+            result.losses["mvrc"] = (per_region * weight).sum() / masked_regions.sum().clamp(min=1)
+        elif masked_regions is not None:
             logits = self.mvrc_head(out.region_output[masked_regions])
             result.region_logits = logits
             count = max(logits.shape[0], 1)

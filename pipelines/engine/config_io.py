@@ -257,6 +257,9 @@ def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
             raise errors[0]
         raise bad(f"does not fit {str(tp).replace('typing.', '')}")
     if origin is typing.Literal:
+        # YAML reads on/off (and yes/no, true/false) as booleans: they name the choices 'on' and 'off'
+        if isinstance(value, bool) and ("on" if value else "off") in args:
+            return "on" if value else "off"
         if value not in args:
             raise bad(f"is not one of {list(args)}")
         return value

@@ -12,12 +12,11 @@ from pathlib import Path
 import torch
 
 from pipelines.engine.checkpoints import CHECKPOINTS, latest_checkpoint
-from pipelines.engine.run_history import check_resume
+from pipelines.engine.run_history import RAY_RUN, check_resume
 from pipelines.engine.trainer import RunStopped, Task, TrainConfig, TrainingRun, run_config
 from pipelines.engine.worker_errors import original_error
 
 STOPPED = "stopped.txt"  # a Ray Train run's workers stopped together on bad input: the line to print
-RAY_RUN = "ray_run.txt"  # the id of the Ray Train run that owns the directory: its restarted workers resume
 
 
 def fit(task: Task, cfg: TrainConfig, out_dir: str | Path, resume: bool = False) -> dict:

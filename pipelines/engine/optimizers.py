@@ -10,6 +10,9 @@ import torch
 BERTADAM_EPS = 1e-6  # the release's default `e`
 ADAMW_EPS = 1e-8  # torch's default
 SGD_MOMENTUM = 0.9  # detectron2's SOLVER.MOMENTUM
+# BertAdam updates this many elements per list operation: its two temporaries (sqrt(v) + eps and the
+# update) hold 2 x 64 MiB in float32 at most, beside one parameter's worth in the per-parameter loop
+FOREACH_CHUNK = 2**24
 OPTIMIZERS = ("bertadam", "adamw", "sgd")
 
 
@@ -44,10 +47,8 @@ class BertAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
                 if p.grad.is_sparse:
                     raise RuntimeError("BertAdam does not take sparse gradients")
                 state = self.state[p]
@@ -55,26 +56,63 @@ class BertAdam(torch.optim.Optimizer):
                     state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                update = m / (v.sqrt() + group["eps"])
-                if group["weight_decay"] > 0:
-                    update.add_(p, alpha=group["weight_decay"])
-                p.add_(update, alpha=-group["lr"])
-                state["step"] += 1
+            for chunk in _chunks(params, FOREACH_CHUNK):
+                self._update(group, chunk)
         return loss
+
+    def _update(self, group: dict, params: list[torch.Tensor]) -> None:
+        """The rule's operations, each over the whole list at once (torch._foreach_*: a few kernel launches
+        on CUDA, the one-tensor kernels on a CPU), in the one-parameter order, so the same bits come out."""
+        beta1, beta2 = group["betas"]
+        grads = [p.grad for p in params]
+        states = [self.state[p] for p in params]
+        m = [s["exp_avg"] for s in states]
+        v = [s["exp_avg_sq"] for s in states]
+        torch._foreach_mul_(m, beta1)
+        torch._foreach_add_(m, grads, alpha=1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_add_(denom, group["eps"])
+        update = torch._foreach_div(m, denom)
+        del denom
+        if group["weight_decay"] > 0:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        torch._foreach_add_(params, update, alpha=-group["lr"])
+        torch._foreach_add_([s["step"] for s in states], 1.0)
+
+
+def _chunks(params: list[torch.Tensor], limit: int) -> Iterable[list[torch.Tensor]]:
+    """`params` in consecutive runs of at most `limit` elements (a larger tensor alone): the update's
+    temporaries stay that small."""
+    chunk: list[torch.Tensor] = []
+    size = 0
+    for p in params:
+        if chunk and size + p.numel() > limit:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(p)
+        size += p.numel()
+    if chunk:
+        yield chunk
 
 
 def build_optimizer(
-    name: str, groups: list[dict], lr: float, weight_decay: float, *, momentum: float = SGD_MOMENTUM
+    name: str,
+    groups: list[dict],
+    lr: float,
+    weight_decay: float,
+    *,
+    momentum: float = SGD_MOMENTUM,
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
     """The optimizer `name` over parameter `groups` (each may carry its own weight_decay); `momentum` is
-    SGD's (its weight decay is L2 added to the gradient, not decoupled, as in detectron2)."""
+    SGD's (its weight decay is L2 added to the gradient, not decoupled, as in detectron2). `fused`: AdamW
+    updates every parameter in one fused kernel (CUDA parameters; the trainer asks for it there)."""
     if name == "bertadam":
         return BertAdam(groups, lr=lr, weight_decay=weight_decay)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=ADAMW_EPS)
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, eps=ADAMW_EPS, fused=fused or None)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {list(OPTIMIZERS)}")

@@ -17,7 +17,8 @@ from pipelines.engine.checkpoints import CHECKPOINTS, latest_checkpoint
 CONFIG_FILE = "config.yaml"
 HISTORY_FILE = "history.jsonl"
 # what a fork leaves behind: the records of the source run's own starts and results
-_NOT_FORKED = (CONFIG_FILE, HISTORY_FILE, "summary.json", "curves.png")
+RAY_RUN = "ray_run.txt"  # the id of the Ray Train run that owns the directory: its restarted workers resume
+_NOT_FORKED = (CONFIG_FILE, HISTORY_FILE, "summary.json", "curves.png", RAY_RUN)
 # What a resume may change: how long the run goes on, where it runs and how it is watched. Everything
 # else (rates, schedule, data, model, seeds) would make the rest of the run a different one.
 RESUMABLE = frozenset(
@@ -34,6 +35,7 @@ RESUMABLE = frozenset(
         "eval_batch_size",
         "loader_workers",
         "device",
+        "compile",
         "workers",
         "gpus_per_worker",
         "cpus_per_worker",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from extraction.precision import float32_precision
+from model.layers.attention import static_layout
 from model.ranges import check_fields
 from pipelines.data.batch_transfer import for_transfer
 from pipelines.engine import config_io
@@ -32,6 +34,7 @@ from pipelines.engine.checkpoints import (
     replace_dir,
     step_dir,
 )
+from pipelines.engine.compiled import compile_model, failure_line, wants_compile
 from pipelines.engine.devices import pick_device
 from pipelines.engine.model_memory import check_model_fits
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
@@ -111,6 +114,9 @@ class TrainConfig:
     # CUDA float32 matmuls and convolutions (those autocast leaves in float32, or all with amp=none) in
     # TF32: faster on Ampere and later, ~1e-3 relative error; false = IEEE float32
     tf32: bool = False
+    # the training step (forward and backward) through torch.compile: auto = on for CUDA, off elsewhere;
+    # a model that cannot compile trains on eagerly after one warning line
+    compile: Literal["auto", "on", "off"] = "auto"
     save_every: int | None = None  # steps between checkpoints; one is always written at the end
     keep_checkpoints: int | None = None  # keep only the newest K step directories
     log_every: int = 10
@@ -151,8 +157,13 @@ class RunStopped(ValueError):
 class Task(Protocol):
     """What `fit` trains. Batches are dicts; tensors in them are moved to the device by the loop.
 
-    Optional: `config` (a dataclass written into config.yaml) and `set_epoch(epoch)` (called before each
-    epoch's batches, in every worker, e.g. for schedules that switch a loss on)."""
+    `loss` returns the total and its named terms, floats or 0-dim tensors: tensors stay on the device until
+    a logged step reads them all at once, so a step that returns tensors never waits for the device.
+
+    Optional: `config` (a dataclass written into config.yaml), `set_epoch(epoch)` (called before each
+    epoch's batches, in every worker, e.g. for schedules that switch a loss on) and
+    `init_trainer_states()` (trainer states whose optimizer a new run continues: the first whose model is
+    the one `build_model` gave)."""
 
     primary_metric: str | None  # validation key for best/ (higher is better); None = no best/
 
@@ -164,7 +175,7 @@ class Task(Protocol):
 
     def collate(self, items: list, rng: np.random.Generator) -> dict: ...
 
-    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]: ...
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
     def evaluate(self, model: torch.nn.Module, loader: Any) -> dict[str, float]: ...
 
@@ -223,7 +234,7 @@ class TrainingRun:
         self.amp_dtype = _amp_dtype(cfg.amp, self.device)
         if cfg.batch_size % (self.world * cfg.grad_accum):
             raise ValueError(
-                f"batch_size {cfg.batch_size} is not divisible by workers x grad_accum = "
+                f"--batch-size {cfg.batch_size} is not divisible by workers x grad_accum = "
                 f"{self.world} x {cfg.grad_accum}; change one of them"
             )
         self.micro_batch = cfg.batch_size // (self.world * cfg.grad_accum)
@@ -242,7 +253,7 @@ class TrainingRun:
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"the training set has {len(self.train_set)} examples, fewer than one batch "
-                f"(batch_size={cfg.batch_size}); lower batch_size"
+                f"(--batch-size {cfg.batch_size}); lower --batch-size (train.batch_size)"
             )
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * self.steps_per_epoch
         torch.manual_seed(cfg.seed)
@@ -251,7 +262,12 @@ class TrainingRun:
             torch.manual_seed(cfg.seed)  # building on the meta device may have drawn numbers
         self.model = self.task.build_model().to(self.device)
         self.optimizer = build_optimizer(
-            cfg.optimizer, _param_groups(self.model, cfg), cfg.lr, cfg.weight_decay, momentum=cfg.momentum
+            cfg.optimizer,
+            _param_groups(self.model, cfg),
+            cfg.lr,
+            cfg.weight_decay,
+            momentum=cfg.momentum,
+            fused=self.device.type == "cuda",
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _schedule(cfg, self.total_steps, self.steps_per_epoch)
@@ -261,6 +277,8 @@ class TrainingRun:
         # the losses of the steps since the last logged row: saved with a checkpoint, so a resumed run logs
         # the same means as one that never stopped
         self.window: dict[str, list[float]] = {}
+        # the steps since then whose terms are still on the device: (step, terms), read at the next settle
+        self.pending: list[tuple[int, dict[str, Any]]] = []
         self.best: dict | None = None
         self.last_train: dict = {}
         self.last_valid: dict = {}
@@ -273,6 +291,7 @@ class TrainingRun:
                     f"{self.out_dir} already holds a run (checkpoint {latest.name}); pass --resume to "
                     "continue it or choose another output directory"
                 )
+            self._continue_optimizer()
             return
         if latest is None:
             log.warning("resume requested but %s holds no checkpoint: starting from step 0", self.ckpt_root)
@@ -299,6 +318,33 @@ class TrainingRun:
         self.window = json.loads(state["window"]) if state.get("window") else {}
         log.info("resumed from %s at step %d", latest, self.step)
 
+    def _continue_optimizer(self) -> None:
+        """The optimizer state (Adam's moments and step counts) saved with the weights the model starts
+        from, where the task asks for it, as self-critical.pytorch's --start_from continues optimizer.pth;
+        this run's own rates, settings and schedule apply from its step 0."""
+        candidates = getattr(self.task, "init_trainer_states", lambda: [])()
+        if not candidates:
+            return
+        own = self.model.state_dict()
+        for path in candidates:
+            state = read_state(path, self.device)
+            saved = state["model"]
+            if saved.keys() == own.keys() and all(torch.equal(saved[k], v) for k, v in own.items()):
+                break
+        else:
+            raise ValueError(
+                f"none of {', '.join(map(str, candidates))} holds the optimizer of the --init weights (their "
+                "models differ); give the checkpoint directory itself as --init"
+            )
+        fresh = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as exc:
+            raise ValueError(f"{path}: its optimizer state does not fit this run's ({exc})") from exc
+        for group, settings in zip(self.optimizer.param_groups, fresh, strict=True):
+            group.update(settings)
+        log.info("continuing the optimizer state of %s (step %d)", path.parent, int(state["step"]))
+
     # ---- loop
     def train(self) -> dict:
         """Run to the last step; CUDA float32 work (validation included) uses TF32 only if `tf32` says."""
@@ -321,6 +367,11 @@ class TrainingRun:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 find_unused_parameters=True,  # switched-off tasks leave their heads without gradients
             )
+        self.stepped = model  # what the task's loss calls: the model, or DDP around it
+        self.compiled = None
+        if wants_compile(cfg.compile, self.device):
+            log.info("train.compile: the step is compiled at its first call (torch.compile)")
+            self.compiled = compile_model(model)
         window = self.window
         tick, samples = time.perf_counter(), 0
         while self.step < self.total_steps:
@@ -334,13 +385,12 @@ class TrainingRun:
                     break
                 logged = False
                 lr = self.optimizer.param_groups[0]["lr"]  # the rate this step uses
-                parts = self._optimizer_step(model, batches)
-                for k, v in parts.items():
-                    window.setdefault(k, []).append(v)
+                self.pending.append((self.step + 1, self._optimizer_step(batches)))
                 samples += cfg.batch_size
                 self.step += 1
                 self.run_log.advance(self.step)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    self._settle()
                     now = time.perf_counter()
                     row = {"step": self.step, "epoch": epoch, "lr": lr}
                     row.update({k: float(np.mean(v)) for k, v in window.items()})
@@ -407,29 +457,49 @@ class TrainingRun:
             prefetch_factor=4 if workers > 0 else None,
         )
 
-    def _non_finite(self, loss: torch.Tensor, parts: dict[str, float]) -> str:
+    def _non_finite(self, step: int, parts: dict[str, float]) -> str:
         """One line: the step, the loss terms that went non-finite, the last good checkpoint."""
-        terms = [f"{k}={float(v)}" for k, v in parts.items() if not math.isfinite(float(v))]
+        terms = [f"{k}={v}" for k, v in parts.items() if k != "loss" and not math.isfinite(v)]
         latest = latest_checkpoint(self.ckpt_root)
         resume = (
             f"the last good checkpoint is {latest}" if latest is not None else "no checkpoint was written"
         )
         return (
-            f"loss is {loss.item()} at step {self.step + 1} ({', '.join(terms) or 'the total only'}); "
+            f"loss is {parts['loss']} at step {step} ({', '.join(terms) or 'the total only'}); "
             f"{resume}; lower train.lr or check the data"
         )
 
+    def _settle(self) -> None:
+        """Read the pending steps' loss terms off the device in one transfer into the logged window; a
+        non-finite loss stops the run (every worker, in a distributed one) with the first such step's line.
+        Called where the loop logs or checkpoints, never inside a step."""
+        tensors = [v for _, parts in self.pending for v in parts.values() if isinstance(v, torch.Tensor)]
+        values = iter(
+            torch.stack([t.float().reshape(()).to(self.device) for t in tensors]).tolist() if tensors else []
+        )
+        error: BaseException | None = None
+        for step, parts in self.pending:
+            floats = {k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in parts.items()}
+            if error is None and not math.isfinite(floats["loss"]):
+                error = NonFiniteLoss(self._non_finite(step, floats))
+            if error is None:
+                for k, v in floats.items():
+                    self.window.setdefault(k, []).append(v)
+        self.pending.clear()
+        if self.distributed:
+            self._agree(error)
+        elif error is not None:
+            raise error
+
     def _micro_loss(self, model: torch.nn.Module, batches: Iterator[dict]) -> tuple[torch.Tensor, dict]:
-        """The next micro-batch's loss. A worker that meets bad data or a non-finite loss stops every
-        worker at the same micro-batch with its one line (`RunStopped`), before the gradients' all-reduce,
-        which would otherwise wait for it forever."""
+        """The next micro-batch's loss. A worker that meets bad data stops every worker at the same
+        micro-batch with its one line (`RunStopped`), before the gradients' all-reduce, which would
+        otherwise wait for it forever."""
         error: BaseException | None = None
         try:
             batch = to_device(next(batches), self.device)
             with self._autocast():
                 loss, parts = self.task.loss(model, batch)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(self._non_finite(loss, parts))
         except USER_ERRORS as exc:
             if not self.distributed:
                 raise
@@ -449,20 +519,25 @@ class TrainingRun:
         dist.all_gather_object(lines, None if error is None else str(error))
         raise RunStopped(next(line for line in lines if line is not None)) from error
 
-    def _optimizer_step(self, model: torch.nn.Module, batches: Iterator[dict]) -> dict[str, float]:
+    def _optimizer_step(self, batches: Iterator[dict]) -> dict[str, Any]:
+        """One update; returns the step's loss terms (means over its micro-batches), tensors left on the
+        device. A compiled step that fails is run again eagerly on the same micro-batches, and every later
+        step is eager."""
+        if self.compiled is None:
+            parts = self._accumulate(self.stepped, batches)
+        else:
+            seen: list[dict] = []
+            try:
+                with static_layout():  # padded rows: shapes from the batch size alone, no host sync
+                    parts = self._accumulate(self.compiled, _recording(batches, seen))
+            except USER_ERRORS:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure to compile or run compiled code
+                log.warning("%s", failure_line(exc))
+                self.compiled = None
+                self.optimizer.zero_grad(set_to_none=True)
+                parts = self._accumulate(self.stepped, itertools.chain(seen, batches))
         cfg = self.cfg
-        seed = np.random.SeedSequence([cfg.seed, _STEP_STREAM, self.step, self.rank]).generate_state(1)[0]
-        torch.manual_seed(int(seed))  # dropout of step s is the same whether or not the run was resumed
-        parts_sum: dict[str, float] = {}
-        for a in range(cfg.grad_accum):
-            sync = a == cfg.grad_accum - 1 or not self.distributed
-            with contextlib.nullcontext() if sync else model.no_sync():
-                loss, parts = self._micro_loss(model, batches)
-            scaled = loss / cfg.grad_accum
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            parts = {"loss": float(loss.detach()), **parts}
-            for k, v in parts.items():
-                parts_sum[k] = parts_sum.get(k, 0.0) + float(v) / cfg.grad_accum
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if cfg.clip_norm:
@@ -476,6 +551,23 @@ class TrainingRun:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return parts
+
+    def _accumulate(self, model: torch.nn.Module, batches: Iterator[dict]) -> dict[str, Any]:
+        """Forward and backward over the step's micro-batches; their loss terms, summed on the device."""
+        cfg = self.cfg
+        seed = np.random.SeedSequence([cfg.seed, _STEP_STREAM, self.step, self.rank]).generate_state(1)[0]
+        torch.manual_seed(int(seed))  # dropout of step s is the same whether or not the run was resumed
+        parts_sum: dict[str, Any] = {}
+        for a in range(cfg.grad_accum):
+            sync = a == cfg.grad_accum - 1 or not self.distributed
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss, parts = self._micro_loss(model, batches)
+            scaled = loss / cfg.grad_accum
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            for k, v in {"loss": loss, **parts}.items():
+                v = v.detach() if isinstance(v, torch.Tensor) else float(v)
+                parts_sum[k] = parts_sum.get(k, 0.0) + v / cfg.grad_accum
         return parts_sum
 
     def _autocast(self):
@@ -514,6 +606,7 @@ class TrainingRun:
 
     def _save_checkpoint(self) -> Path:
         """Write checkpoints/step-N (rank 0) and return it; every worker returns once it is complete."""
+        self._settle()  # a checkpoint holds the logged window, and only steps of finite loss
         target = step_dir(self.ckpt_root, self.step)
         if self.is_main:
 
@@ -555,6 +648,13 @@ def run_config(task: Task, cfg: TrainConfig) -> dict[str, Any]:
     if task_cfg is not None and dataclasses.is_dataclass(task_cfg):
         data["task"] = config_io.to_dict(task_cfg)
     return data
+
+
+def _recording(batches: Iterator[dict], seen: list[dict]) -> Iterator[dict]:
+    """`batches`, each one also appended to `seen` (to run a step's micro-batches again)."""
+    for batch in batches:
+        seen.append(batch)
+        yield batch
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -141,9 +141,9 @@ class TokenizerTask:
     def collate(self, items: list, rng: np.random.Generator) -> dict:
         return {"images": torch.stack(items)}
 
-    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         out = model(batch["images"])
-        return out["loss"], {k: float(v.detach()) for k, v in out.items() if k != "loss"}
+        return out["loss"], {k: v.detach() for k, v in out.items() if k != "loss"}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, float]:

@@ -243,9 +243,9 @@ class PretrainTask:
     def set_epoch(self, epoch: int) -> None:
         self.collator.qa_active = epoch >= self.config.qa_from_epoch
 
-    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         out, total = self._forward(model, batch)
-        return total, {k: float(v.detach()) for k, v in out.losses.items()}
+        return total, {k: v.detach() for k, v in out.losses.items()}  # read by the trainer when it logs
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, loader) -> dict[str, float]:

@@ -189,10 +189,10 @@ class TextToImageTask:
             padding = torch.where(dropped[:, None], empty_padding, padding)
         return {"text": text, "padding": padding, "image": image}
 
-    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, model: nn.Module, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         transformer = _unwrap(model)
         out = transformer.loss(transformer.pad_text(batch["text"], batch["padding"]), batch["image"])
-        return out.loss, {"text_loss": float(out.text.detach()), "image_loss": float(out.image.detach())}
+        return out.loss, {"text_loss": out.text.detach(), "image_loss": out.image.detach()}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, loader) -> dict[str, float]:

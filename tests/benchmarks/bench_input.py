@@ -192,6 +192,9 @@ def main() -> int:
     parser.add_argument("--loader-workers", type=int, default=1)
     parser.add_argument("--old-ref", default=OLD_REF, help=f"git ref of the old path (default {OLD_REF})")
     parser.add_argument("--work", help="directory for the generated data (default: a temporary one)")
+    parser.add_argument(
+        "--new-only", action="store_true", help="this checkout's path alone (no git tree: a lent GPU machine)"
+    )
     args = parser.parse_args()
     records = args.records or (600 if args.quick else 5000)
     args.batches = args.batches or (6 if args.quick else 20)
@@ -201,12 +204,21 @@ def main() -> int:
         start = time.perf_counter()
         data = make_data(work, records)
         print(f"data: {records} records in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-        old = old_tree(args.old_ref, work)
         rates = {"new": run_side(REPO, data, args)}
         print(f"new: {rates['new']}", file=sys.stderr, flush=True)
-        rates["old"] = run_side(old, data, args)
-        print(f"old: {rates['old']}", file=sys.stderr, flush=True)
+        if not args.new_only:
+            rates["old"] = run_side(old_tree(args.old_ref, work), data, args)
+            print(f"old: {rates['old']}", file=sys.stderr, flush=True)
     load_after = os.getloadavg()[0]
+    if args.new_only:
+        delivered = {t: round(r["delivered"], 1) for t, r in rates["new"].items()}
+        print(f"samples/s delivered, {args.loader_workers} worker(s), batch {args.batch}: {delivered}")
+        print(json.dumps({
+            "name": "input", "device": "cpu", "cpus": os.cpu_count(), "records": records,
+            "batch": args.batch, "batches": args.batches, "loader_workers": args.loader_workers,
+            "new_samples_per_s": {t: {k: round(v, 1) for k, v in r.items()} for t, r in rates["new"].items()},
+        }))  # fmt: skip
+        return 0
     print(f"{'task':<10}{'':<22}{'old':>10}{'new':>10}{'gain':>8}")  # gain > 1: the new path is better
     rows = (
         ("delivered", "samples/s, 1 worker"),

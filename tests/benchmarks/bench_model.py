@@ -8,6 +8,11 @@ line; `ratio` = ours / transformers steps per second.
     .venv/bin/python tests/benchmarks/bench_model.py            # base config, batch 32, 20 tokens, 36 boxes
     .venv/bin/python tests/benchmarks/bench_model.py --quick    # batch 8, fewer steps
     .venv/bin/python tests/benchmarks/bench_model.py --device cuda --bf16    # both under bf16 autocast
+    .venv/bin/python tests/benchmarks/bench_model.py --device cuda --bf16 --batch 128 --compile
+
+`--compile`: xmodal's step as the trainer runs it with `train.compile=on` (torch.compile, inductor;
+`--compile-mode reduce-overhead` adds CUDA graphs); transformers stays eager. Every timed step ends with
+a device synchronisation, and nothing inside a step waits for the device.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from model import LxmertConfig, LxmertForPreTraining, to_hf_state  # noqa: E402
+from model.layers.attention import static_layout  # noqa: E402
+from pipelines.engine.compiled import compile_model  # noqa: E402
 
 HF_FIELDS = (
     "vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "l_layers", "r_layers",
@@ -83,8 +90,11 @@ def hf_kwargs(b: dict) -> dict:
     }
 
 
-def build(which: str, cfg: LxmertConfig, device: str = "cpu", bf16: bool = False):
-    """(model, step function) with identical weights for both implementations."""
+def build(
+    which: str, cfg: LxmertConfig, device: str = "cpu", bf16: bool = False, compiled: str | None = None
+):
+    """(model, step function) with identical weights for both implementations; `compiled`: None (eager)
+    or the torch.compile mode of xmodal's step ("default", "reduce-overhead", ...)."""
     torch.manual_seed(0)
     ours = LxmertForPreTraining(cfg)
     if which == "ours":
@@ -102,24 +112,36 @@ def build(which: str, cfg: LxmertConfig, device: str = "cpu", bf16: bool = False
     model.to(device).train()
     # The same optimiser for both; fused because that is what a CPU/GPU training run would pick.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    stepped = model
+    if which == "ours" and compiled is not None:
+        stepped = compile_model(model, mode=None if compiled == "default" else compiled)
 
-    def step(batch: dict) -> float:
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            loss = call(model, batch)
+    def step(batch: dict) -> torch.Tensor:
+        # compiled as the trainer runs it: padded rows, shapes from the batch size alone
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16), static_layout(stepped is not model):
+            loss = call(stepped, batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.detach()
 
     return model, step
 
 
-def peak_memory_child(which: str, batch: int, steps: int, device: str, bf16: bool) -> None:
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_child(
+    which: str, batch: int, steps: int, device: str, bf16: bool, compiled: str | None
+) -> None:
     cfg = LxmertConfig.preset("base")
-    _, step = build(which, cfg, device, bf16)
+    _, step = build(which, cfg, device, bf16, compiled)
     b = to_device(make_batch(cfg, batch, 20, 36), device)
     for _ in range(steps):
         step(b)
+    synchronize(device)
     if device == "cuda":
         print(json.dumps({"peak_mb": torch.cuda.max_memory_allocated() / 2**20}))
         return
@@ -141,29 +163,41 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--bf16", action="store_true", help="both under torch.autocast(bfloat16)")
+    ap.add_argument("--compile", action="store_true", help="xmodal's step compiled, as train.compile=on")
+    ap.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        default="default",
+        help="torch.compile mode with --compile (reduce-overhead: CUDA graphs)",
+    )
     ap.add_argument("--memory-child", choices=["ours", "hf"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    compiled = args.compile_mode if args.compile else None
     batch = args.batch or (8 if args.quick else 32)
     steps = args.steps or (2 if args.quick else 6)
     if args.memory_child:
-        peak_memory_child(args.memory_child, batch, 1, args.device, args.bf16)
+        peak_memory_child(args.memory_child, batch, 3 if compiled else 1, args.device, args.bf16, compiled)
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device here")
 
     cfg = LxmertConfig.preset("base")
     data = to_device(make_batch(cfg, batch, 20, 36), args.device)
-    runners = {name: build(name, cfg, args.device, args.bf16)[1] for name in ("ours", "hf")}
-    # Two warm-up rounds: the first allocates AdamW's state, the second lets each side's allocations
-    # settle after the other's; the first round's losses are reported (same weights, same batch).
-    losses = {name: run(data) for name, run in runners.items()}
-    for run in runners.values():
-        run(data)
+    runners = {name: build(name, cfg, args.device, args.bf16, compiled)[1] for name in ("ours", "hf")}
+    # Warm-up rounds: the first allocates AdamW's state (and compiles), the next let each side's
+    # allocations settle after the other's (CUDA graphs record on their third call); the first round's
+    # losses are reported (same weights, same batch).
+    losses = {name: float(run(data)) for name, run in runners.items()}
+    for _ in range(3 if compiled else 1):
+        for run in runners.values():
+            run(data)
+    synchronize(args.device)
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(steps):
         for name, run in runners.items():
             t0 = time.perf_counter()
             run(data)
+            synchronize(args.device)
             times[name].append(time.perf_counter() - t0)
     del runners
     for name, t in times.items():  # before the memory runs, so that a cut-off run still shows them
@@ -183,6 +217,7 @@ def main() -> None:
                 args.device,
             ]
             cmd += ["--bf16"] if args.bf16 else []
+            cmd += ["--compile", "--compile-mode", args.compile_mode] if compiled and name == "ours" else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             peak[name] = json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
@@ -192,12 +227,14 @@ def main() -> None:
     precision = "bf16 autocast" if args.bf16 else "fp32"
     where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
     memory = "peak_cuda_mb" if cuda else "peak_rss_mb"
+    how = f"compiled ({compiled})" if compiled else "eager"
     print(f"LXMERT pre-training step, base config, batch {batch}, 20 tokens, 36 boxes, {precision}, "
-          f"{where}, {steps} alternating steps")  # fmt: skip
-    print(f"{'impl':<14}{'steps/s':>10}{'s/step':>10}{memory:>14}{'first loss':>12}")
+          f"{where}, {steps} alternating steps, xmodal {how}")  # fmt: skip
+    print(f"{'impl':<14}{'steps/s':>10}{'samples/s':>11}{'s/step':>10}{memory:>14}{'first loss':>12}")
     for name, label in (("ours", "xmodal"), ("hf", "transformers")):
         mem = f"{peak[name]:.0f}" if name in peak else "-"
-        print(f"{label:<14}{rate[name]:>10.3f}{1 / rate[name]:>10.2f}{mem:>14}{losses[name]:>12.4f}")
+        print(f"{label:<14}{rate[name]:>10.3f}{rate[name] * batch:>11.1f}{1 / rate[name]:>10.3f}{mem:>14}"
+              f"{losses[name]:>12.4f}")  # fmt: skip
     print(f"ratio (xmodal / transformers steps/s): {ratio:.2f}")
     device = (
         where
@@ -206,11 +243,13 @@ def main() -> None:
     )
     print(json.dumps({
         "name": "lxmert_pretrain_step", "device": device, "precision": precision,
-        "batch": batch, "tokens": 20, "boxes": 36, "steps": steps,
+        "batch": batch, "tokens": 20, "boxes": 36, "steps": steps, "compile": compiled or "off",
         "ours_steps_per_s": round(rate["ours"], 4), "hf_steps_per_s": round(rate["hf"], 4),
+        "ours_samples_per_s": round(rate["ours"] * batch, 1),
+        "hf_samples_per_s": round(rate["hf"] * batch, 1),
         f"ours_{memory}": round(peak.get("ours", 0)), f"hf_{memory}": round(peak.get("hf", 0)),
         "ours_loss": round(losses["ours"], 4), "hf_loss": round(losses["hf"], 4),
-        "ours_step_s": [round(x, 3) for x in times["ours"]], "hf_step_s": [round(x, 3) for x in times["hf"]],
+        "ours_step_s": [round(x, 4) for x in times["ours"]], "hf_step_s": [round(x, 4) for x in times["hf"]],
         "ratio": round(ratio, 3),
     }))  # fmt: skip
 

@@ -7,7 +7,10 @@ allocated CUDA memory) of each is taken in a child process of its own. Prints a 
 
     .venv/bin/python tests/benchmarks/bench_onestream.py             # batch 16, 20 tokens, 36 boxes
     .venv/bin/python tests/benchmarks/bench_onestream.py --quick     # batch 4, 2 timed steps
-    .venv/bin/python tests/benchmarks/bench_onestream.py --device cuda --bf16
+    .venv/bin/python tests/benchmarks/bench_onestream.py --device cuda --bf16 [--compile]
+
+`--compile`: both steps as the trainer runs them with `train.compile=on`; every timed step ends with a
+device synchronisation.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_model import make_batch, to_device  # noqa: E402
+from bench_model import make_batch, synchronize, to_device  # noqa: E402
 
 from model import LxmertConfig, LxmertForPreTraining  # noqa: E402
+from model.layers.attention import static_layout  # noqa: E402
 from model.vlbert import VlBertConfig, VlBertForPreTraining  # noqa: E402
+from pipelines.engine.compiled import compile_model  # noqa: E402
 
 TOKENS, BOXES = 20, 36
 
@@ -51,8 +56,8 @@ def vlbert_batch(lxmert_batch: dict, classes: int, seed: int = 1) -> dict:
     }
 
 
-def build(which: str, batch: int, device: str, bf16: bool):
-    """(step function, that model's batch on `device`)."""
+def build(which: str, batch: int, device: str, bf16: bool, compiled: str | None = None):
+    """The step function on that model's batch on `device`; `compiled`: None or a torch.compile mode."""
     torch.manual_seed(0)
     lx_cfg = LxmertConfig.preset("base")
     data = make_batch(lx_cfg, batch, TOKENS, BOXES)
@@ -65,20 +70,25 @@ def build(which: str, batch: int, device: str, bf16: bool):
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     data = to_device(data, device)
+    stepped = model if compiled is None else compile_model(model, None if compiled == "default" else compiled)
 
-    def step() -> float:
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(**data).loss
+    def step() -> torch.Tensor:
+        # compiled as the trainer runs it: padded rows, shapes from the batch size alone
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16), static_layout(stepped is not model):
+            loss = stepped(**data).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.detach()
 
     return step
 
 
-def peak_memory_child(which: str, batch: int, device: str, bf16: bool) -> None:
-    build(which, batch, device, bf16)()
+def peak_memory_child(which: str, batch: int, device: str, bf16: bool, compiled: str | None) -> None:
+    step = build(which, batch, device, bf16, compiled)
+    for _ in range(3 if compiled else 1):
+        step()
+    synchronize(device)
     if device == "cuda":
         print(json.dumps({"peak_mb": torch.cuda.max_memory_allocated() / 2**20}))
         return
@@ -95,24 +105,37 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--bf16", action="store_true", help="both under torch.autocast(bfloat16)")
+    ap.add_argument("--compile", action="store_true", help="both steps compiled, as train.compile=on")
+    ap.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        default="default",
+        help="torch.compile mode with --compile (reduce-overhead: CUDA graphs)",
+    )
     ap.add_argument("--memory-child", choices=["vlbert", "lxmert"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    compiled = args.compile_mode if args.compile else None
     batch = args.batch or (4 if args.quick else 16)
     steps = args.steps or (2 if args.quick else 4)
     if args.memory_child:
-        peak_memory_child(args.memory_child, batch, args.device, args.bf16)
+        peak_memory_child(args.memory_child, batch, args.device, args.bf16, compiled)
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no CUDA device here")
 
     names = ("vlbert", "lxmert")
-    runners = {name: build(name, batch, args.device, args.bf16) for name in names}
-    losses = {name: run() for name, run in runners.items()}  # warm-up: AdamW state, allocations
+    runners = {name: build(name, batch, args.device, args.bf16, compiled) for name in names}
+    losses = {name: float(run()) for name, run in runners.items()}  # warm-up: AdamW state, allocations
+    for _ in range(3 if compiled else 0):  # compiling settles (CUDA graphs record on the third call)
+        for run in runners.values():
+            run()
+    synchronize(args.device)
     times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(steps):
         for name, run in runners.items():
             t0 = time.perf_counter()
             run()
+            synchronize(args.device)
             times[name].append(time.perf_counter() - t0)
     del runners
     for name, t in times.items():
@@ -132,6 +155,7 @@ def main() -> None:
                 args.device,
             ]
             cmd += ["--bf16"] if args.bf16 else []
+            cmd += ["--compile", "--compile-mode", args.compile_mode] if compiled else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             peak[name] = json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
@@ -141,7 +165,8 @@ def main() -> None:
     where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
     memory = "peak_cuda_mb" if cuda else "peak_rss_mb"
     print(f"pre-training step, base configs, batch {batch}, {TOKENS} tokens, {BOXES} boxes, {precision}, "
-          f"{where}, {steps} alternating steps, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"{where}, {steps} alternating steps, load average {os.getloadavg()[0]:.1f}, "
+          f"{f'compiled ({compiled})' if compiled else 'eager'}")  # fmt: skip
     print(f"{'model':<10}{'s/step':>10}{memory:>14}{'first loss':>12}")
     for name, label in (("vlbert", "VL-BERT"), ("lxmert", "LXMERT")):
         mem = f"{peak[name]:.0f}" if name in peak else "-"
@@ -154,7 +179,9 @@ def main() -> None:
     )
     print(json.dumps({
         "name": "onestream_pretrain_step", "device": device, "precision": precision,
-        "batch": batch, "tokens": TOKENS, "boxes": BOXES, "steps": steps,
+        "batch": batch, "tokens": TOKENS, "boxes": BOXES, "steps": steps, "compile": compiled or "off",
+        "vlbert_samples_per_s": round(batch / seconds["vlbert"], 1),
+        "lxmert_samples_per_s": round(batch / seconds["lxmert"], 1),
         "load_average": round(os.getloadavg()[0], 2),
         "vlbert_s_per_step": round(seconds["vlbert"], 3), "lxmert_s_per_step": round(seconds["lxmert"], 3),
         f"vlbert_{memory}": round(peak.get("vlbert", 0)), f"lxmert_{memory}": round(peak.get("lxmert", 0)),

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from pipelines.engine import optimizers
 from pipelines.engine.optimizers import OPTIMIZERS, BertAdam, build_optimizer
 
 
@@ -96,3 +97,56 @@ def test_sgd_steps_with_momentum_and_l2_decay():
         param.grad = torch.tensor([g], dtype=torch.float64)
         opt.step()
         assert param.item() == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def _per_parameter_bertadam_step(params, states, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
+    """The update one parameter at a time, as BertAdam stepped before its list form: the same bits."""
+    for p in params:
+        if p.grad is None:
+            continue
+        state = states.setdefault(p, {"m": torch.zeros_like(p), "v": torch.zeros_like(p)})
+        m, v = state["m"], state["v"]
+        m.mul_(b1).add_(p.grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+        update = m / (v.sqrt() + eps)
+        if wd > 0:
+            update.add_(p, alpha=wd)
+        p.add_(update, alpha=-lr)
+
+
+@pytest.mark.parametrize("chunk", [2**24, 40])
+def test_bertadam_list_update_is_bitwise_the_per_parameter_one(monkeypatch, chunk):
+    """Two groups (one without decay), parameters of several shapes, one without a gradient; chunk 40
+    splits the lists (the 7 x 9 matrix is a chunk of its own)."""
+    monkeypatch.setattr(optimizers, "FOREACH_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(2)
+    shapes = [(7, 9), (9,), (3, 4, 5), (1,), (30,), (2, 2)]
+    start = [torch.randn(s, generator=gen) for s in shapes]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start]
+    opt = BertAdam([{"params": ours[:4]}, {"params": ours[4:], "weight_decay": 0.0}], lr=1e-3)
+    states: dict = {}
+    for lr in (1e-3, 3e-3, 5e-4):
+        grads = [
+            torch.randn(s, generator=gen) * 10 ** float(torch.randint(-4, 2, (), generator=gen))
+            for s in shapes
+        ]
+        grads[3] = None
+        for p, q, g in zip(ours, theirs, grads, strict=True):
+            p.grad = q.grad = None if g is None else g.clone()
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        with torch.no_grad():
+            _per_parameter_bertadam_step(theirs[:4], states, lr, 0.01)
+            _per_parameter_bertadam_step(theirs[4:], states, lr, 0.0)
+    for p, q in zip(ours, theirs, strict=True):
+        assert torch.equal(p, q)
+    assert torch.equal(ours[3], start[3]) and ours[3] not in opt.state
+    assert [float(opt.state[p]["step"]) for p in ours if p.grad is not None] == [3.0] * 5
+
+
+def test_adamw_is_fused_when_asked():
+    param = torch.nn.Parameter(torch.ones(2))
+    assert build_optimizer("adamw", [{"params": [param]}], 0.1, 0.01, fused=True).defaults["fused"] is True
+    assert not build_optimizer("adamw", [{"params": [param]}], 0.1, 0.01).defaults["fused"]

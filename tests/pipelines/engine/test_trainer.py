@@ -290,7 +290,7 @@ def test_weight_decay_groups():
 def test_bad_batch_layout_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not divisible"):
         fit(ToyTask(), _cfg(batch_size=8, grad_accum=3), tmp_path)
-    with pytest.raises(ValueError, match="fewer than one batch"):
+    with pytest.raises(ValueError, match="fewer than one batch .*lower --batch-size"):
         fit(ToyTask(), _cfg(batch_size=128), tmp_path / "b")
 
 
@@ -376,7 +376,9 @@ def test_a_fork_needs_a_checkpoint_to_go_on_from_and_a_new_run_directory(tmp_pat
     fit(ToyTask(), _cfg(max_steps=4), tmp_path / "b")
     with pytest.raises(ValueError, match=r"^--out .*b already holds a run \(checkpoint step-4\)"):
         fork(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "a" / "ray_run.txt").write_text("an-earlier-ray-run\n")  # that run's, not the fork's
     assert fork(tmp_path / "a", tmp_path / "c") == 4
+    assert not (tmp_path / "c" / "ray_run.txt").exists()
     fit(ToyTask(), _cfg(max_steps=8, lr=0.05), tmp_path / "c", resume=True)  # new settings: allowed once
     with pytest.raises(ValueError, match=r"train\.lr was 0\.05, now 0\.02"):
         fit(ToyTask(), _cfg(max_steps=12), tmp_path / "c", resume=True)  # then the fork's own are kept

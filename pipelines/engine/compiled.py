@@ -1,0 +1,43 @@
+"""The compiled training step (`train.compile`): whether it applies on a device, and the compiled model the
+trainer steps through (forward and backward; the update is the optimizer's own fused or foreach kernel)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+COMPILE_CHOICES = ("auto", "on", "off")
+# inductor: generated kernels (Triton on CUDA, C++ on CPU); tests substitute a cheaper backend
+BACKEND = "inductor"
+
+
+def wants_compile(setting: str, device: torch.device) -> bool:
+    """`train.compile`: on, off, or auto (on for CUDA, off elsewhere: on a CPU the eager step is the faster
+    one for the sizes trained there, and compiling costs minutes)."""
+    if setting not in COMPILE_CHOICES:
+        raise ValueError(f"train.compile={setting!r} must be one of {list(COMPILE_CHOICES)}")
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+def compile_model(model: torch.nn.Module, mode: str | None = None) -> torch.nn.Module:
+    """`model` (plain or DistributedDataParallel) compiled lazily: the first call traces and compiles, a
+    new input shape recompiles (with dynamic sizes from the second one on). The parameters stay the
+    model's own, so checkpoints and the optimizer see no difference. `mode`: torch.compile's (the
+    benchmarks try "reduce-overhead", CUDA graphs; the trainer keeps the default)."""
+    return torch.compile(model, backend=BACKEND, mode=mode)
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line for the log when the compiled step cannot run: the first line of the error at the root
+    (torch's wrappers such as BackendCompilerFailed put theirs first and the cause below)."""
+    while (inner := getattr(exc, "inner_exception", None) or exc.__cause__) is not None:
+        exc = inner
+    first = (str(exc).strip().splitlines() or [""])[0]
+    first = first if len(first) <= 200 else f"{first[:197]}..."
+    return (
+        f"train.compile: the compiled step failed ({type(exc).__name__}: {first}); "
+        "training on without compiling (set train.compile=off to skip the attempt)"
+    )
