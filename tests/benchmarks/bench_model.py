@@ -155,21 +155,26 @@ def to_device(batch: dict, device: str) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="batch 8, 2 timed steps each")
-    ap.add_argument("--batch", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per implementation")
-    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+def add_step_options(ap: argparse.ArgumentParser, compiled: str) -> None:
+    """--device, --bf16, --compile and --compile-mode: the options every training-step bench shares."""
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--bf16", action="store_true", help="both under torch.autocast(bfloat16)")
-    ap.add_argument("--compile", action="store_true", help="xmodal's step compiled, as train.compile=on")
+    ap.add_argument("--compile", action="store_true", help=compiled)
     ap.add_argument(
         "--compile-mode",
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
         default="default",
         help="torch.compile mode with --compile (reduce-overhead: CUDA graphs)",
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="batch 8, 2 timed steps each")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per implementation")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    add_step_options(ap, compiled="xmodal's step compiled, as train.compile=on")
     ap.add_argument("--memory-child", choices=["ours", "hf"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     compiled = args.compile_mode if args.compile else None

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_model import synchronize, to_device  # noqa: E402
+from bench_model import add_step_options, synchronize, to_device  # noqa: E402
 
 from model import LxmertConfig, LxmertForPreTraining  # noqa: E402
 from model.layers.attention import static_layout  # noqa: E402
@@ -139,15 +139,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per model")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--bf16", action="store_true", help="both under torch.autocast(bfloat16)")
-    ap.add_argument("--compile", action="store_true", help="both steps compiled, as train.compile=on")
-    ap.add_argument(
-        "--compile-mode",
-        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
-        default="default",
-        help="torch.compile mode with --compile (reduce-overhead: CUDA graphs)",
-    )
+    add_step_options(ap, compiled="both steps compiled, as train.compile=on")
     ap.add_argument("--memory-child", choices=["vilbert", "lxmert"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     compiled = args.compile_mode if args.compile else None

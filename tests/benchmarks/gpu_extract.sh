@@ -45,27 +45,7 @@ fi
 'cudnn', torch.backends.cudnn.version(), 'torchvision', torchvision.__version__)"
 } 2>&1 | tee -a "$LOG"
 
-status=0
-step() {  # step NAME LIMIT_S COMMAND...: run it under the time left, keep its JSON lines
-    local name=$1 limit=$2
-    shift 2
-    case " $STEPS " in *" $name "*) ;; *) return ;; esac
-    local left=$((DEADLINE - ($(date +%s) - START)))
-    if ((left < 30)); then
-        echo "== $name: skipped (${left} s left before the deadline)" | tee -a "$LOG"
-        return
-    fi
-    ((limit > left)) && limit=$left
-    echo "== $name (limit ${limit} s): $*" | tee -a "$LOG"
-    local t0=$(date +%s)
-    timeout "$limit" "$@" >"$OUT/$name.out" 2>>"$LOG"
-    local rc=$?
-    cat "$OUT/$name.out" | tee -a "$LOG"
-    grep '^{' "$OUT/$name.out" | sed "s/^{/{\"step\": \"$name\", /" >>"$JSONL"
-    echo "== $name: rc=$rc in $(($(date +%s) - t0)) s" | tee -a "$LOG"
-    rm -f "$OUT/$name.out"
-    ((rc == 0)) || status=1
-}
+source tests/benchmarks/gpu_steps.sh
 
 B=tests/benchmarks
 step checks 240 "$PY" tests/extraction/test_cuda_extraction.py

@@ -20,25 +20,7 @@ JSONL=$OUT/gpu_train.jsonl
 START=$(date +%s)
 B=tests/benchmarks
 
-step() {  # step NAME LIMIT_S COMMAND...: run it under the time left, keep its JSON lines
-    local name=$1 limit=$2
-    shift 2
-    case " $STEPS " in *" $name "*) ;; *) return ;; esac
-    local left=$((DEADLINE - ($(date +%s) - START)))
-    if ((left < 30)); then
-        echo "== $name: skipped (${left} s left before the deadline)" | tee -a "$LOG"
-        return
-    fi
-    ((limit > left)) && limit=$left
-    echo "== $name (limit ${limit} s): $*" | tee -a "$LOG"
-    local t0=$(date +%s)
-    timeout "$limit" "$@" >"$OUT/$name.out" 2>>"$LOG"
-    local rc=$?
-    cat "$OUT/$name.out" >>"$LOG"
-    grep '^{' "$OUT/$name.out" | sed "s/^{/{\"step\": \"$name\", /" >>"$JSONL"
-    echo "== $name: rc=$rc in $(($(date +%s) - t0)) s" | tee -a "$LOG"
-    rm -f "$OUT/$name.out"
-}
+source tests/benchmarks/gpu_steps.sh
 
 {
     nvidia-smi -L
@@ -78,3 +60,4 @@ for r in rows:
         print(f"{r['step']:<16} {json.dumps(r)}")
 EOF
 echo "total $(($(date +%s) - START)) s" | tee -a "$LOG"
+exit $status
