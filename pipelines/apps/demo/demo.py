@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipelines.apps.demo.caption_facts import agreeing_example, caption_agreement, names_scene
 from pipelines.apps.demo.probe import linear_probe
-from pipelines.apps.demo.synthetic import SyntheticConfig, SyntheticDataset, generate
+from pipelines.apps.demo.synthetic import Scene, SyntheticConfig, SyntheticDataset, generate, load_scenes
 
 log = logging.getLogger(__name__)
 
@@ -324,14 +325,15 @@ def _evaluate_other_images(stages: _Stages, cfg: DemoConfig, data: SyntheticData
 
 def _caption(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths) -> dict:
     """Train the Up-Down captioner on the scenes' descriptions, caption the test images with `xmodal
-    evaluate`, and describe one image with `xmodal ask --caption` (its attention over time drawn)."""
-    split = str(data.captions)
+    evaluate`, and describe one image with `xmodal ask --caption` (its attention over time drawn): the test
+    image `agreeing_example` picks from the evaluated captions, the first one if none agrees."""
+    split = str(data.descriptions)
     stages.xmodal(
         "caption-finetune",
         ["finetune", "caption", "--arch", "updown", "--features", str(paths.features),
          "--train", f"{split}:train", "--valid", f"{split}:val", "--out", str(paths.caption),
          "--seed", str(cfg.seed), "--batch-size", str(cfg.batch_size), "--max-steps", str(cfg.caption_steps),
-         "--lr", str(cfg.caption_lr), "task.preset=tiny", "task.vocab_min_count=1", "task.max_length=20",
+         "--lr", str(cfg.caption_lr), "task.preset=tiny", "task.vocab_min_count=1",
          # wider than `tiny`: with 48 units the 2048-d region features drown the word input of the LSTMs
          "task.model.hidden_size=256", "task.model.embed_size=256", "task.model.attention_size=128",
          "train.loader_workers=0", "train.clip_norm=1.0", f"train.log_every={cfg.log_every}",
@@ -344,7 +346,9 @@ def _caption(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _P
          "--features", str(paths.features), "--split", f"{split}:test", "--out", str(paths.captions)],
         threads=1,
     )  # fmt: skip
-    row = next(r for r in json.loads(data.captions.read_text())["images"] if r["split"] == "test")
+    rows = [r for r in json.loads(data.descriptions.read_text())["images"] if r["split"] == "test"]
+    shown = agreeing_example(_predicted_captions(paths), _scenes_by_id(data))
+    row = next((r for r in rows if r["cocoid"] == shown), rows[0])
     weights = ["--weights", _detector_weights(cfg, paths)]
     stages.xmodal(
         "caption-ask",
@@ -356,33 +360,56 @@ def _caption(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _P
     return row
 
 
+def _predicted_captions(paths: _Paths) -> dict[int, str]:
+    return {r["image_id"]: r["caption"] for r in json.loads(paths.captions.read_text())}
+
+
+def _scenes_by_id(data: SyntheticDataset) -> dict[int, Scene]:
+    """The scenes by their id in the Karpathy files (`cocoid`: the scene's index)."""
+    return dict(enumerate(load_scenes(data.scenes)))
+
+
 def caption_summary(data: SyntheticDataset, paths: _Paths, asked_row: dict) -> dict:
-    """`xmodal evaluate`'s caption metrics, and CIDEr-D of the model's test captions beside that of the most
-    frequent training caption given to every test image (both on the same word tokens)."""
+    """`xmodal evaluate`'s caption metrics; CIDEr-D of the model's test captions beside that of the most
+    frequent training caption given to every test image (both on the same word tokens); how many test
+    captions name every shape's colour and kind, for both; the first test caption that does not, with its
+    reference."""
     from pipelines.data.captions import load_caption_examples
     from pipelines.scoring.captions import evaluate_captions
 
-    split = str(data.captions)
+    split = str(data.descriptions)
     train = load_caption_examples(f"{split}:train")
     test = load_caption_examples(f"{split}:test")
     constant = Counter(" ".join(c) for e in train for c in e.label).most_common(1)[0][0]
     refs = {e.image_id: [" ".join(c) for c in e.label] for e in test}
-    predicted = {r["image_id"]: r["caption"] for r in json.loads(paths.captions.read_text())}
+    raw = {e.image_id: e.raw for e in test}
+    predicted = _predicted_captions(paths)
+    scenes = _scenes_by_id(data)
 
     def cider(captions: dict) -> float:
         scores = evaluate_captions(refs, captions, pretokenized=True, java=False)
         return round(100 * scores.metrics["CIDEr"], 2)
 
     asked = json.loads((paths.root / "report" / "caption.json").read_text())
-    truth = [s["raw"] for s in asked_row["sentences"]]
+    missed = next((k for k in sorted(predicted) if not names_scene(predicted[k], scenes[k])), None)
     return {
         "metrics": json.loads(paths.captions.with_suffix(".metrics.json").read_text()),
         "cider_d": cider(predicted),
         "baseline_cider_d": cider({k: constant for k in refs}),
         "baseline_caption": constant,
         "test_images": len(test),
-        "ask": {"image": asked["image"], "caption": asked["caption"], "truth": truth},
-    }
+        "agreement": caption_agreement(predicted, scenes),
+        "baseline_agreement": caption_agreement({k: constant for k in refs}, scenes),
+        "ask": {
+            "image": asked["image"],
+            "caption": asked["caption"],
+            "truth": [s["raw"] for s in asked_row["sentences"]],
+            "agrees": names_scene(asked["caption"], scenes[asked_row["cocoid"]]),
+        },
+        "missed": None if missed is None else {
+            "image": scenes[missed].img_id, "caption": predicted[missed], "truth": list(raw[missed])
+        },
+    }  # fmt: skip
 
 
 def _ask(stages: _Stages, cfg: DemoConfig, data: SyntheticDataset, paths: _Paths, test_rows: list[dict]):

@@ -1,6 +1,6 @@
 """How much the stored region features know: a linear probe from the features of regions lying on a
-generated shape (IoU >= 0.5) to that shape's kind and colour, fit on the training scenes and scored on the
-held-out ones (which the demo's detector never trained on)."""
+generated shape (IoU >= 0.5) to that shape's kind, colour, row and column, fit on the training scenes and
+scored on the held-out ones (which the demo's detector never trained on)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ from storage import FeatureReader
 MIN_IOU = 0.5
 
 
-def _regions(scenes_json: Path, store: Path) -> dict[bool, tuple[list[np.ndarray], list[tuple[str, str]]]]:
-    """{is training scene: (features, (shape, colour))} of the best-overlapping stored region per shape."""
+PROBED = ("shape", "colour", "row", "column")  # what the probe predicts, fields of a generated Shape
+
+
+def _regions(scenes_json: Path, store: Path) -> dict[bool, tuple[list[np.ndarray], list[tuple[str, ...]]]]:
+    """{is training scene: (features, PROBED fields)} of the best-overlapping stored region per shape."""
     out: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
     reader = FeatureReader(store)
     try:
@@ -32,7 +35,7 @@ def _regions(scenes_json: Path, store: Path) -> dict[bool, tuple[list[np.ndarray
             for shape, quality, i in zip(scene.shapes, best.tolist(), index.tolist(), strict=True):
                 if quality >= MIN_IOU:
                     out[scene.split == "train"][0].append(rec.features[i].astype(np.float32))
-                    out[scene.split == "train"][1].append((shape.shape, shape.colour))
+                    out[scene.split == "train"][1].append(tuple(getattr(shape, f) for f in PROBED))
     finally:
         reader.close()
     return out
@@ -61,15 +64,16 @@ def _fit_and_score(train_x, train_y, test_x, test_y, seed: int) -> float:
 
 
 def linear_probe(scenes_json: Path, store: Path, seed: int = 0) -> dict:
-    """Held-out accuracy of a logistic-regression probe for the shape and for the colour, and how many
-    regions it was fit and scored on (shapes without a region at IoU >= 0.5 are left out and counted)."""
+    """Held-out accuracy of a logistic-regression probe for each of the shape, colour, row and column, and
+    how many regions it was fit and scored on (shapes without a region at IoU >= 0.5 are left out and
+    counted)."""
     regions = _regions(scenes_json, store)
     (train_x, train_y), (test_x, test_y) = regions[True], regions[False]
     shapes = sum(len(s.shapes) for s in load_scenes(scenes_json))
     result = {"train_regions": len(train_y), "held_out_regions": len(test_y), "shapes": shapes}
     if not train_y or not test_y:
         return result
-    for k, what in ((0, "shape"), (1, "colour")):
+    for k, what in enumerate(PROBED):
         result[f"{what}_accuracy"] = _fit_and_score(
             train_x, [y[k] for y in train_y], test_x, [y[k] for y in test_y], seed
         )

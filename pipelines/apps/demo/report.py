@@ -16,6 +16,7 @@ from storage import RegionFeatures
 
 TASK_LOSSES = ("mlm", "matched", "obj", "attr", "feat", "qa")
 DRAWN_CONFIDENCE = 0.5  # detection pictures show the regions the detector is this sure of
+CURVE_COLUMNS = 2
 
 
 @dataclass
@@ -82,8 +83,8 @@ def _read_metrics(path: Path) -> list[dict]:
 
 
 def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
-    """Training loss, each task's loss and the validation loss against step, one panel per run; None if
-    nothing was logged."""
+    """Training loss, each task's loss and the validation loss against step, one panel per run, two panels a
+    row; None if nothing was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,8 +94,15 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
     runs = {name: rows for name, rows in runs.items() if any("loss" in r or "valid_loss" in r for r in rows)}
     if not runs:
         return None
-    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.8), squeeze=False)
-    for ax, (name, rows) in zip(axes[0], runs.items(), strict=True):
+    # two panels a row: a page-wide strip of four leaves each panel too small to read
+    columns = min(len(runs), CURVE_COLUMNS)
+    rows_of_panels = -(-len(runs) // columns)
+    fig, axes = plt.subplots(
+        rows_of_panels, columns, figsize=(5.5 * columns, 4.2 * rows_of_panels), squeeze=False
+    )
+    for ax in axes.flat[len(runs) :]:
+        ax.set_visible(False)
+    for ax, (name, rows) in zip(axes.flat, runs.items(), strict=False):
         # the tasks' losses, and the detector's loss_rpn_cls, loss_cls, ...
         tasks = sorted({k for r in rows for k in r if k in TASK_LOSSES or k.startswith("loss_")})
         ap = [(r["step"], r["valid_AP50"]) for r in rows if isinstance(r.get("valid_AP50"), (int, float))]
@@ -123,9 +131,9 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
     return out_png
 
 
-def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
+def accuracy_figure(summary: Mapping):
     """Held-out accuracy next to the same model given other images' regions and the baselines, overall
-    and per question type."""
+    and per question type; the legend below the axes, where it covers no bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,8 +147,8 @@ def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
     }
     series = {k: v for k, v in series.items() if v[0] in summary}
     groups = ["overall"] + sorted(summary.get("per_type_accuracy", {}))
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 3.8))
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups)), 4.6))
     for k, (label, (overall_key, per_type_key, colour)) in enumerate(series.items()):
         per_type = summary.get(per_type_key, {})
         values = [summary.get(overall_key, np.nan)] + [per_type.get(g, np.nan) for g in groups[1:]]
@@ -149,9 +157,18 @@ def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
     ax.set_xticks(np.arange(len(groups)), groups, fontsize=8, rotation=15, ha="right")
     ax.set_ylabel("held-out accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
+    if series:
+        fig.legend(loc="lower center", ncols=min(len(series), 4), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def plot_accuracy(summary: Mapping, out_png: Path) -> Path:
+    """`accuracy_figure` written to `out_png`."""
+    import matplotlib.pyplot as plt
+
+    fig = accuracy_figure(summary)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
@@ -202,9 +219,10 @@ def _headline(s: Mapping) -> str:
         )
     probe = s.get("probe") or {}
     if "shape_accuracy" in probe:
+        probed = [k for k in ("shape", "colour", "row", "column") if f"{k}_accuracy" in probe]
         rows.append((
-            f"linear probe on {probe['held_out_regions']} held-out regions: shape / colour",
-            f"{_pct(100 * probe['shape_accuracy'])} / {_pct(100 * probe['colour_accuracy'])}",
+            f"linear probe on {probe['held_out_regions']} held-out regions: {' / '.join(probed)}",
+            " / ".join(_pct(100 * probe[f"{k}_accuracy"]) for k in probed),
         ))  # fmt: skip
     figures = [_pct(s.get(k)) for k in ("accuracy", "prior_baseline_accuracy", "baseline_accuracy")]
     rows.append(("VQA accuracy / question-type prior / majority answer", " / ".join(figures)))
@@ -214,6 +232,13 @@ def _headline(s: Mapping) -> str:
     if "other_images_accuracy" in s:
         rows.append(("VQA accuracy with another image's regions", _pct(s["other_images_accuracy"])))
     c = s.get("caption")
+    if c and "agreement" in c:
+        shares = [_pct(c[k]["names_every_shape"]) for k in ("agreement", "baseline_agreement")]
+        rows.append((
+            f"captions naming every shape's colour and kind ({c['test_images']} test images) / constant "
+            "caption",
+            " / ".join(shares),
+        ))  # fmt: skip
     if c:
         rows.append(
             (
@@ -225,28 +250,71 @@ def _headline(s: Mapping) -> str:
 
 
 def _caption_section(c: Mapping, picture: Path | None, root: Path) -> list[str]:
-    """Captioning: CIDEr-D against the constant-caption baseline, `xmodal evaluate`'s metrics, one caption."""
-    better = float(c["cider_d"]) > float(c["baseline_cider_d"])
-    parts = [
-        "<h2>Captioning (Up-Down)</h2>",
-        f"<p class='{'ok' if better else 'bad'}'>Test CIDEr-D {float(c['cider_d']):.1f} vs "
-        f"{float(c['baseline_cider_d']):.1f} for the most frequent training caption given to every test "
-        f"image (<i>{html.escape(str(c['baseline_caption']))}</i>), on {c['test_images']} test images.</p>",
+    """Captioning: how many test captions name their scene, CIDEr-D against the constant-caption baseline,
+    `xmodal evaluate`'s metrics, the example `ask` captioned and the first caption that misses."""
+    parts = ["<h2>Captioning (Up-Down)</h2>"]
+    agreement = c.get("agreement")
+    if agreement:
+        share, base = agreement["names_every_shape"], c["baseline_agreement"]["names_every_shape"]
+        parts.append(
+            f"<p class='{'ok' if share > base else 'bad'}'>{_pct(share)} of the {agreement['images']} test "
+            "captions name every shape's colour and kind, as many times as the scene holds it, and no shape "
+            f"the scene lacks; the most frequent training description, given to every test image, "
+            f"{_pct(base)}. The captioner learns each scene's description (<i>two red circles and a blue "
+            "square</i>). Places are left out of it: the captioner does not read the boxes, and the regions' "
+            "features hardly tell where a shape lies (the linear probe's row and column, above).</p>"
+        )
+        parts.append(
+            _table(
+                [("shapes in the scene", "test images: captions naming them all")]
+                + [
+                    (n, f"{agreement['images_by_shapes'][n]}: {_pct(share)}")
+                    for n, share in agreement["by_shapes"].items()
+                ]
+            )
+        )
+    parts += [
+        f"<p>Test CIDEr-D {float(c['cider_d']):.1f} vs {float(c['baseline_cider_d']):.1f} for the most "
+        f"frequent training caption given to every test image (<i>{html.escape(str(c['baseline_caption']))}"
+        f"</i>), on {c['test_images']} test images. CIDEr-D counts n-grams shared with the reference, so a "
+        "caption with a wrong colour still scores; the share above counts only captions that are right.</p>",
         "<p><code>xmodal evaluate caption</code> (×100; skipped metrics are named in its log):</p>",
         _table([(name, f"{float(v):.2f}") for name, v in c["metrics"].items()]),
     ]
     ask = c.get("ask")
     if ask:
         truth = "<br>".join(html.escape(t) for t in ask["truth"])
+        if "agrees" in ask:
+            chosen = (
+                "the test image with the most shapes whose evaluated caption names them all (the lowest "
+                "id among ties)"
+                if ask["agrees"]
+                else "the first test image: no caption names its scene"
+            )
+            parts.append(f"<p>The example is {chosen}.</p>")
         parts.append(
             f"<p><code>xmodal ask {html.escape(Path(ask['image']).name)} --caption</code>: "
-            f"<b>{html.escape(ask['caption'])}</b><br>references: {truth}</p>"
+            f"<b>{html.escape(ask['caption'])}</b><br>reference: {truth}</p>"
+        )
+    missed = c.get("missed")
+    if missed:
+        parts.append(
+            f"<p>The first test caption (by image id) that does not name its scene, "
+            f"<code>{html.escape(missed['image'])}</code>: <b>{html.escape(missed['caption'])}</b><br>"
+            f"reference: {'<br>'.join(html.escape(t) for t in missed['truth'])}</p>"
         )
     if picture is not None and Path(picture).is_file():
         parts.append(
             "<p>Attention over time (each word's attended regions):</p>" + _img(picture, root, "caption")
         )
     return parts
+
+
+def _regions(inputs: ReportInputs) -> str:
+    """How many regions each image has in the store, as the pictures' captions say it."""
+    if inputs.detections:
+        return str(inputs.detections[0][1].num_boxes)
+    return str(inputs.summary.get("config", {}).get("boxes", "the"))
 
 
 def write_report(inputs: ReportInputs) -> Path:
@@ -262,6 +330,9 @@ def write_report(inputs: ReportInputs) -> Path:
         ".ok{background:#e8f5e9;border:1px solid #66bb6a;padding:.6em}.bad{background:#fdecea;"
         "border:1px solid #e57373;padding:.6em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}code{background:#f4f4f4}"
+        # long paths and command lines wrap instead of widening the page
+        "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f4f4f4;padding:.5em}"
+        "td,code{overflow-wrap:anywhere}"
         "</style></head><body><h1>xmodal demo report</h1>"
     ]
     parts.append(_headline(s))
@@ -326,8 +397,9 @@ def write_report(inputs: ReportInputs) -> Path:
         )  # fmt: skip
     if inputs.detections:
         parts.append(
-            f"<h2>Detections</h2><p>Stored regions with confidence ≥ {DRAWN_CONFIDENCE} (the best one at "
-            "least), labelled with the detector's own class and attribute names.</p>"
+            f"<h2>Detections</h2><p>Of the {_regions(inputs)} regions stored per image, those the detector "
+            f"is at least {DRAWN_CONFIDENCE} sure of (the best one at least), each labelled "
+            "<i>colour shape confidence</i> with the detector's own class and attribute names.</p>"
         )
         for image_path, rec in inputs.detections:
             png = pics / f"detections_{rec.img_id}.png"
@@ -351,7 +423,14 @@ def write_report(inputs: ReportInputs) -> Path:
         parts.append(_table([(ans, f"{score:.3f}") for ans, score in a.answers]))
         if a.explain_png is not None and Path(a.explain_png).is_file():
             picture = _img(a.explain_png, root, "attention")
-            parts.append(f"<p>Regions the answer attended to most:</p>{picture}")
+            parts.append(
+                f"<p>The regions the answer attended to most, drawn from all {_regions(inputs)} stored "
+                f"regions whatever the detector's confidence (the detection pictures above leave out those "
+                f"below {DRAWN_CONFIDENCE}). Each box is labelled <i>#rank attention weight</i>, not "
+                "confidence; the list above the image names each region by the detector's likeliest colour "
+                "and shape, which for a region it is unsure of may name none of the scene's shapes.</p>"
+                + picture
+            )
 
     if s.get("caption"):
         parts += _caption_section(s["caption"], inputs.caption_png, root)

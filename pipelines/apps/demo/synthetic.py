@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,7 @@ class SyntheticDataset:
     pretrain: dict[str, Path]
     vqa: dict[str, Path]
     captions: Path  # Karpathy-style split file (dataset_coco.json layout): FILE:train, FILE:val, FILE:test
+    descriptions: Path  # the same layout, one `description` per scene: what the demo's captioner learns
     detection: dict[str, Path]  # COCO detection JSON per split: shapes as categories, colours as attributes
     counts: dict[str, int]
 
@@ -160,6 +162,27 @@ def captions(scene: Scene) -> list[str]:
     ]
 
 
+NUMBER_WORDS: tuple[str, ...] = ("a", "two", "three", "four")
+
+
+def description(scene: Scene) -> str:
+    """Every shape's colour and kind, as many times as the scene holds it, in the order of COLOURS then
+    SHAPES: "two red circles, a green square and a blue triangle."
+
+    One sentence per scene, so a captioner has one thing to learn, not a mixture to average over. Places
+    are left out: the captioners do not read the boxes, and the regions' features hardly tell where a shape
+    lies (the demo's linear probe)."""
+    counts = Counter((s.colour, s.shape) for s in scene.shapes)
+    parts = [
+        f"{NUMBER_WORDS[n - 1]} {colour} {shape}{'s' if n > 1 else ''}"
+        for colour in COLOURS
+        for shape in SHAPES
+        if (n := counts[(colour, shape)])
+    ]
+    listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return f"{listed}."
+
+
 def questions(scene: Scene) -> list[dict]:
     """VQA-style questions answerable from the scene: colour (by shape or by side), shape, side (by shape
     or by colour), count.
@@ -206,7 +229,7 @@ def _write_json(path: Path, obj: object) -> None:
 
 def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> SyntheticDataset:
     """Write images, scenes.json, corpus.txt, vocab.txt, the pre-training, VQA and COCO detection JSON
-    splits, and the captions as a Karpathy split file."""
+    splits, and the captions and the descriptions as Karpathy split files."""
     cfg = cfg or SyntheticConfig()
     root = Path(out_dir)
     images_dir = root / "images"
@@ -219,6 +242,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
     vqa: dict[str, list[dict]] = {s: [] for s in SPLITS}
     corpus: list[str] = []
     karpathy: list[dict] = []
+    described: list[dict] = []
     for i, split in enumerate(splits):
         scene = _sample_scene(rng, cfg, f"synth_{i:06d}", split)
         image = render(scene, rng, cfg.noise_std)
@@ -228,6 +252,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
         caps = captions(scene)
         qs = questions(scene)
         karpathy.append(_karpathy_row(i, scene, caps, cfg.image_format))
+        described.append(_karpathy_row(i, scene, [description(scene)], cfg.image_format))
         pretrain[split].append(
             {
                 "img_id": scene.img_id,
@@ -251,6 +276,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
 
     _write_json(root / "scenes.json", [asdict(s) for s in scenes])
     _write_json(root / "captions.json", {"dataset": "synthetic", "images": karpathy})
+    _write_json(root / "descriptions.json", {"dataset": "synthetic", "images": described})
     (root / "corpus.txt").write_text("\n".join(corpus) + "\n")
     write_vocab(corpus, root / "vocab.txt")
     pretrain_paths = {s: root / f"pretrain_{s}.json" for s in ("train", "valid")}
@@ -273,6 +299,7 @@ def generate(out_dir: str | Path, cfg: SyntheticConfig | None = None) -> Synthet
         pretrain=pretrain_paths,
         vqa=vqa_paths,
         captions=root / "captions.json",
+        descriptions=root / "descriptions.json",
         detection=detection_paths,
         counts=counts,
     )

@@ -12,15 +12,18 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from pipelines.apps.demo.caption_facts import agreeing_example, caption_agreement
 from pipelines.apps.demo.demo import (
     DEMO_MARKER,
     DemoError,
     _Paths,
     baselines,
+    caption_summary,
     score_predictions,
     with_other_images,
 )
 from pipelines.apps.demo.report import TASK_LOSSES
+from pipelines.apps.demo.synthetic import SyntheticConfig, description, generate, load_scenes
 from pipelines.cli import build_parser, main
 from storage import FeatureReader
 
@@ -77,6 +80,44 @@ def test_other_images_moves_every_question_to_another_held_out_image() -> None:
     assert with_other_images(rows, seed=3) == swapped and with_other_images(rows, seed=4) != swapped
     with pytest.raises(DemoError, match="1 held-out image"):
         with_other_images(rows[:1], seed=0)
+
+
+def test_the_caption_summary_counts_captions_that_state_their_scene(tmp_path: Path) -> None:
+    """caption_summary on a hand-made evaluation: half the test captions are the scenes' descriptions, the
+    rest the count-and-background template; the figure, the example and the first miss follow."""
+    data = generate(tmp_path / "data", SyntheticConfig(num_images=40, image_size=48, seed=2, max_shapes=3))
+    paths = _Paths(tmp_path)
+    scenes = dict(enumerate(load_scenes(data.scenes)))
+    test = sorted(k for k, s in scenes.items() if s.split == "test")
+    right = set(test[::2])
+    said = {
+        k: description(scenes[k]) if k in right else "2 shapes on a plain white background." for k in test
+    }
+    paths.captions.parent.mkdir(parents=True)
+    paths.captions.write_text(json.dumps([{"image_id": k, "caption": c} for k, c in said.items()]))
+    paths.captions.with_suffix(".metrics.json").write_text(json.dumps({"CIDEr": 1.0}))
+    shown = agreeing_example(said, scenes)
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "caption.json").write_text(
+        json.dumps({"image": f"{scenes[shown].img_id}.png", "caption": said[shown]})
+    )
+    row = next(r for r in json.loads(data.descriptions.read_text())["images"] if r["cocoid"] == shown)
+    summary = caption_summary(data, paths, row)
+    agreement = summary["agreement"]
+    assert agreement["images"] == len(test) == summary["test_images"]
+    assert agreement["names_every_shape"] == round(100 * len(right) / len(test), 1)
+    assert summary["ask"] == {"image": f"{scenes[shown].img_id}.png", "caption": said[shown],
+                              "truth": [description(scenes[shown])], "agrees": True}  # fmt: skip
+    most = max(len(scenes[k].shapes) for k in right)
+    assert len(scenes[shown].shapes) == most and shown == min(
+        k for k in right if len(scenes[k].shapes) == most
+    )
+    missed = min(set(test) - right)
+    assert summary["missed"] == {"image": scenes[missed].img_id, "caption": said[missed],
+                                 "truth": [description(scenes[missed])]}  # fmt: skip
+    # the constant caption is one training description, right for few test scenes
+    assert summary["baseline_agreement"]["names_every_shape"] < 20
+    assert summary["cider_d"] > summary["baseline_cider_d"]
 
 
 QUICK = ["demo", "--quick", "--seed", "1"]
@@ -172,6 +213,20 @@ def test_quick_demo_end_to_end(quick_demo: Path) -> None:
     caption = summary["caption"]
     assert {"CIDEr", "Bleu_4", "ROUGE_L"} <= set(caption["metrics"])
     assert caption["test_images"] > 0 and caption["ask"]["truth"]
+    # the captioner learns the scenes' descriptions; the figure and the example come from its test captions
+    finetune = next(c for c in summary["commands"] if " finetune caption " in c)
+    assert "descriptions.json:train" in finetune
+    captions = {
+        r["image_id"]: r["caption"]
+        for r in json.loads((workdir / "runs/caption/test_captions.json").read_text())
+    }
+    scenes = dict(enumerate(load_scenes(workdir / "data" / "scenes.json")))
+    assert caption["agreement"] == caption_agreement(captions, scenes)
+    shown = agreeing_example(captions, scenes)
+    assert caption["ask"]["agrees"] == (shown is not None)
+    if shown is not None:
+        assert Path(caption["ask"]["image"]).stem == scenes[shown].img_id
+        assert caption["ask"]["truth"] == [description(scenes[shown])]
     assert "Captioning (Up-Down)" in text
     parser = build_parser()
     for line in summary["commands"]:

@@ -195,3 +195,142 @@ def test_pictures_are_read_through_the_image_checks(tmp_path: Path) -> None:
     Image.new("1", (8000, 8000)).save(bomb)
     with pytest.raises(ImageError, match="MP limit"):
         draw_detections(bomb, rec, tmp_path / "out.png")
+
+
+def test_the_commands_block_and_long_paths_wrap_instead_of_widening_the_page(tmp_path: Path) -> None:
+    long = "xmodal extract " + "/very/long/path" * 40
+    text = write_report(ReportInputs(out_dir=tmp_path, summary=SUMMARY, commands=[long])).read_text()
+    style = text[text.index("<style>") : text.index("</style>")]
+    assert re.search(r"pre\{[^}]*white-space:pre-wrap", style)
+    assert re.search(r"pre\{[^}]*overflow-wrap:anywhere", style)  # a path has no space to break at
+    assert re.search(r"td,code\{[^}]*overflow-wrap:anywhere", style)
+
+
+def test_four_loss_panels_are_drawn_two_a_row(tmp_path: Path) -> None:
+    runs = {name: _metrics(tmp_path / f"{name}.jsonl", 5, {"mlm": 1.0}) for name in "abcd"}
+    png = plot_curves(runs, tmp_path / "c.png")
+    width, height = Image.open(png).size
+    # a 1100-px page shows the picture at its own size: each panel about half of it, not a quarter
+    assert width <= 1100 and height > 0.6 * width
+    three = Image.open(plot_curves(dict(list(runs.items())[:3]), tmp_path / "c3.png")).size
+    assert three == (width, height)  # the fourth cell left empty
+
+
+# the README's demo figures: every group has a bar near 100 %, where a legend inside the axes sat
+DEMO_ACCURACY = {
+    "accuracy": 92.9,
+    "other_images_accuracy": 33.2,
+    "prior_baseline_accuracy": 40.0,
+    "baseline_accuracy": 21.9,
+    "per_type_accuracy": {"how many": 80.0, "is the": 98.4, "what color is the": 94.4,
+                          "what color is the shape on the": 100.0, "what shape is the": 86.8},
+    "per_type_other_images": {"how many": 30.0, "is the": 55.0, "what color is the": 25.0,
+                              "what color is the shape on the": 28.0, "what shape is the": 33.0},
+    "per_type_prior_baseline": {"how many": 26.7, "is the": 58.2, "what color is the": 27.8,
+                                "what color is the shape on the": 27.8, "what shape is the": 32.4},
+    "per_type_baseline": {"how many": 5.0, "is the": 58.2, "what color is the": 27.8,
+                          "what color is the shape on the": 27.8, "what shape is the": 2.0},
+}  # fmt: skip
+
+
+def _overlaps(fig) -> list:
+    """The bars the figure's legend covers, in pixels as drawn."""
+    from matplotlib.patches import Rectangle
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    bars = [p for ax in fig.axes for p in ax.patches if isinstance(p, Rectangle) and p.get_height() > 0]
+    assert len(legends) == 1 and len(bars) == 4 * 6  # four series, overall and five question types
+    box = legends[0].get_window_extent(renderer)
+    return [bar for bar in bars if box.overlaps(bar.get_window_extent(renderer))]
+
+
+def test_the_accuracy_legend_covers_no_bar() -> None:
+    import matplotlib.pyplot as plt
+
+    from pipelines.apps.demo.report import accuracy_figure
+
+    fig = accuracy_figure(DEMO_ACCURACY)
+    try:
+        assert _overlaps(fig) == []
+        # the check sees a legend inside the axes, where it used to be
+        fig.legends.clear()
+        fig.axes[0].legend(fontsize=8)
+        assert _overlaps(fig)
+    finally:
+        plt.close(fig)
+
+
+def test_the_pictures_say_which_regions_they_draw(tmp_path: Path, image: Path) -> None:
+    """The detection pictures draw the regions at >= 0.5 labelled with confidence, the `ask` picture the
+    most attended of all the stored regions labelled with attention: the page says so beside each."""
+    explain = tmp_path / "explain.png"
+    Image.new("RGB", (32, 32)).save(explain)
+    rec = _record("img", [[4, 4, 20, 20]] * 10, [0.9] + [0.1] * 9)
+    ask = AskResult(
+        image=image, question="what color is the circle?", answers=[("red", 0.9)], explain_png=explain
+    )
+    text = write_report(
+        ReportInputs(out_dir=tmp_path, summary=SUMMARY, detections=[(image, rec)], ask=ask)
+    ).read_text()
+    detections = text[text.index("<h2>Detections</h2>") : text.index("<h2>xmodal ask</h2>")]
+    asked = text[text.index("<h2>xmodal ask</h2>") :]
+    assert "Of the 10 regions stored per image" in detections and "at least 0.5 sure" in detections
+    assert "confidence" in detections
+    assert "all 10 stored regions" in asked and "below 0.5" in asked and "attention weight" in asked
+
+
+CAPTION = {
+    "metrics": {"CIDEr": 250.0, "Bleu_4": 70.0},
+    "cider_d": 250.0,
+    "baseline_cider_d": 20.0,
+    "baseline_caption": "a yellow circle",
+    "test_images": 45,
+    "agreement": {
+        "images": 45,
+        "names_every_shape": 51.1,
+        "by_shapes": {"1": 80.0, "2": 61.5, "3": 50.0, "4": 16.7},
+        "images_by_shapes": {"1": 10, "2": 13, "3": 10, "4": 12},
+    },
+    "baseline_agreement": {
+        "images": 45,
+        "names_every_shape": 2.2,
+        "by_shapes": {"1": 10.0, "2": 0.0, "3": 0.0, "4": 0.0},
+        "images_by_shapes": {"1": 10, "2": 13, "3": 10, "4": 12},
+    },
+    "ask": {
+        "image": "/w/data/images/synth_000012.png",
+        "caption": "a red circle and a blue square",
+        "truth": ["a red circle and a blue square."],
+        "agrees": True,
+    },
+    "missed": {"image": "synth_000003", "caption": "a green circle", "truth": ["a green square."]},
+}
+
+
+def test_the_caption_section_leads_with_how_many_captions_name_their_scene(tmp_path: Path) -> None:
+    text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "caption": CAPTION})).read_text()
+    headline = text[text.index("<h2>Headline</h2>") :]
+    headline = headline[: headline.index("</table>")]
+    assert "naming every shape&#x27;s colour and kind (45 test images) / constant caption" in headline
+    assert "<td>51.1% / 2.2%</td>" in headline and "<td>250.0 / 20.0</td>" in headline
+    section = text[text.index("<h2>Captioning (Up-Down)</h2>") :]
+    assert section.index("51.1% of the 45 test captions name every shape") < section.index("CIDEr-D 250.0")
+    assert "given to every test image, 2.2%" in section and "Places are left out" in section
+    assert "<tr><th>4</th><td>12: 16.7%</td></tr>" in section
+    assert "the most shapes whose evaluated caption names them all" in section
+    assert "<b>a red circle and a blue square</b><br>reference: a red circle and a blue square." in section
+    assert "<code>synth_000003</code>: <b>a green circle</b><br>reference: a green square." in section
+    # no caption agrees: the page says the example is only the first test image
+    worse = {**CAPTION, "ask": {**CAPTION["ask"], "agrees": False}}
+    text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "caption": worse})).read_text()
+    assert "the first test image: no caption names its scene" in text
+
+
+def test_the_probe_row_shows_what_the_features_tell_of_places(tmp_path: Path) -> None:
+    probe = {"held_out_regions": 218, "shape_accuracy": 0.986, "colour_accuracy": 1.0, "row_accuracy": 0.651,
+             "column_accuracy": 0.583}  # fmt: skip
+    text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "probe": probe})).read_text()
+    assert "218 held-out regions: shape / colour / row / column" in text
+    assert "<td>98.6% / 100.0% / 65.1% / 58.3%</td>" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import cv2
@@ -267,3 +268,23 @@ def test_detection_json_boxes_bound_the_drawn_pixels(dataset) -> None:
                 )  # colour reaches every row and column
                 checked += 1
     assert checked > 20
+
+
+def test_descriptions_name_every_shape_once_per_scene(dataset) -> None:
+    """The demo's captioner learns one sentence per scene: each shape's colour and kind, counted, colours and
+    kinds in a fixed order; the count-and-background template is not among them."""
+    from pipelines.apps.demo.caption_facts import names_scene
+    from pipelines.apps.demo.synthetic import SHAPES, description
+
+    ds, _ = dataset
+    scenes = load_scenes(ds.scenes)
+    rows = json.loads(ds.descriptions.read_text())["images"]
+    captioned = json.loads(ds.captions.read_text())["images"]
+    assert [r["filename"] for r in rows] == [r["filename"] for r in captioned]
+    order = [f"{c} {s}" for c in COLOURS for s in SHAPES]
+    for scene, row in zip(scenes, rows, strict=True):
+        (sentence,) = row["sentences"]
+        assert sentence["raw"] == description(scene) and names_scene(sentence["raw"], scene)
+        named = [f"{a} {b.removesuffix('s')}" for a, b in pairwise(sentence["tokens"]) if a in COLOURS]
+        assert named == sorted(named, key=order.index) and len(named) == len(set(named))
+        assert len(sentence["tokens"]) <= 13 and "background" not in sentence["raw"]
