@@ -318,16 +318,14 @@ def test_extract_with_trained_weights_records_the_names_and_show_draws_them(
     draw_regions = draw.draw_regions
     monkeypatch.setattr(draw, "draw_regions", keep)
     picture = tmp_path / "show.png"
-    assert (
-        xmodal(["features", "show", str(store), img_id.stem, "--image", str(img_id), "--out", str(picture)])
-        == 0
-    )
+    show = ["features", "show", str(store), img_id.stem, "--image", str(img_id), "--out", str(picture)]
+    assert xmodal([*show, "--min-score", "0"]) == 0
     assert picture.is_file()
     texts = [label.text for label in drawings[0].labels if label.region >= 0]
     assert len(texts) == 3
-    for text in texts:  # "attribute object" in the run's own names, not attr2 obj1
-        attribute, name = text.split()
-        assert attribute in COLOURS and name in SHAPES, text
+    for text in texts:  # "attribute object confidence" in the run's own names, not attr2 obj1
+        attribute, name, confidence = text.split()
+        assert attribute in COLOURS and name in SHAPES and 0 <= float(confidence) <= 1, text
 
 
 def test_a_store_records_the_preset_that_ran_once(run_dir):
