@@ -16,7 +16,7 @@ from extraction.backbone import conv_memory_format, set_memory_format
 from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import GridConfig
-from extraction.postprocess import to_grid_record, to_record
+from extraction.postprocess import to_grid_record, to_record, to_records
 from extraction.precision import deterministic_cudnn, float32_precision
 from extraction.preprocess import batch_images, load_image, resize_image
 from extraction.provenance import provenance, weights_record
@@ -205,12 +205,25 @@ class Detector:
                     ]
             if batch is None:
                 outputs = self.model(inputs, stage)
-            else:
-                outputs = self.model.forward_batched(inputs, stage, batch, sides)
-            with stage("selection"):
+                with stage("selection"):
+                    return [
+                        to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)
+                        for out, img_id, size, im in zip(outputs, ids, original_sizes, resized, strict=True)
+                    ]
+            outputs = self.model.forward_batched(inputs, stage, batch, sides)
+            input_hws = [im.shape[:2] for im in resized]
+            with stage("selection"):  # `batch` images at a time (on accelerators one host sync each)
                 return [
-                    to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)
-                    for out, img_id, size, im in zip(outputs, ids, original_sizes, resized, strict=True)
+                    record
+                    for s in range(0, len(outputs), batch)
+                    for record in to_records(
+                        outputs[s : s + batch],
+                        ids[s : s + batch],
+                        original_sizes[s : s + batch],
+                        input_hws[s : s + batch],
+                        self.selection,
+                        self._roi_coder,
+                    )
                 ]
 
 

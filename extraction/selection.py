@@ -3,7 +3,8 @@
 All rules take one image's proposals (R, 4), class probabilities (R, C+1) with background last and,
 for maxnms/threshold, the class-specific regressed boxes (R, C, 4), all in network-input pixels.
 NMS is torchvision's (detectron2's IoU, no "+1"). Fewer than `min_boxes` regions are returned as they
-are when the image does not have more; nothing is padded.
+are when the image does not have more; nothing is padded. `select_caffe_batched` gives the caffe rule's
+regions of a batch of images on fixed shapes, for accelerators (no host sync per image).
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from torchvision.ops import batched_nms, nms
 
 CAFFE_FLOORS = (0.05, 0.01, 0.0)
+BATCHED_NMS_ELEMENTS = 1 << 24  # images x classes x proposals per greedy pass of the batched caffe rule
+PACK_BITS = 32  # suppression bits per int64 word (the sign bit stays clear)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,95 @@ def select_caffe(proposals: torch.Tensor, probs: torch.Tensor, cfg: SelectionCon
         keep = by_conf[: cfg.min_boxes] if keep.numel() < cfg.min_boxes else by_conf[: cfg.max_boxes]
     scores, classes = fg[keep].max(dim=1)
     return Selection(keep, proposals[keep], classes, scores)
+
+
+def nms_suppression(boxes: torch.Tensor, nms_thresh: float) -> torch.Tensor:
+    """(B, R, R) bools: box i suppresses box j, i.e. IoU(i, j) > `nms_thresh`, with torchvision's nms
+    arithmetic (float64 here; a CUDA kernel compares with the threshold rounded to float32)."""
+    x1, y1, x2, y2 = (v[..., None] for v in boxes.double().unbind(-1))  # (B, R, 1) each
+    area = (x2 - x1) * (y2 - y1)
+    w = (torch.minimum(x2, x2.mT) - torch.maximum(x1, x1.mT)).clamp(min=0)
+    h = (torch.minimum(y2, y2.mT) - torch.maximum(y1, y1.mT)).clamp(min=0)
+    inter = w * h
+    iou = inter / (area + area.mT - inter)
+    if boxes.device.type == "cuda":
+        nms_thresh = float(torch.tensor(nms_thresh, dtype=torch.float32))
+    return iou > nms_thresh
+
+
+def per_class_max_conf_batched(
+    boxes: torch.Tensor, fg: torch.Tensor, valid: torch.Tensor, nms_thresh: float
+) -> torch.Tensor:
+    """`per_class_max_conf` (floor 0) of a batch: boxes (B, R, 4), fg (B, R, C), valid (B, R) False on the
+    rows past an image's proposals -> (B, R), 0 on those rows.
+
+    Fixed shapes, no host sync: the proposals' IoU is shared by all classes, and greedy NMS runs for every
+    (image, class) at once in R steps, each class's rows in decreasing score, ties lower proposal first
+    (as a stable sort). Suppression sets are bit-packed: a step moves B x C x R/32 words, not R bools."""
+    b, r, c = fg.shape
+    suppresses = _pack_bits(nms_suppression(boxes, nms_thresh))  # (B, R, W)
+    suppresses = torch.cat([suppresses, suppresses.new_zeros(b, 1, suppresses.shape[-1])], 1)  # row R: none
+    padding = _pack_bits(~valid)  # rows past an image's proposals start suppressed
+    max_conf = fg.new_zeros(b, r)
+    step = max(1, BATCHED_NMS_ELEMENTS // max(b * r, 1))
+    for start in range(0, c, step):
+        scores = fg[:, :, start : start + step].transpose(1, 2).masked_fill(~valid[:, None, :], -1.0)
+        order = scores.argsort(dim=2, descending=True, stable=True)  # (B, c, R): rows by class score
+        word, bit = order // PACK_BITS, 1 << (order % PACK_BITS)
+        suppressed = padding[:, None, :].repeat(1, order.shape[1], 1)  # (B, c, W)
+        rows = torch.empty_like(suppressed)  # one buffer: a fresh megabyte per step page-faults on CPU
+        keeps = []  # by rank
+        for k in range(r):
+            keep = (suppressed.gather(2, word[:, :, k : k + 1]) & bit[:, :, k : k + 1]) == 0
+            keeps.append(keep)
+            row = torch.where(keep, order[:, :, k : k + 1], r)
+            suppressed |= torch.gather(suppresses, 1, row.expand_as(rows), out=rows)
+        kept = torch.zeros_like(order, dtype=torch.bool)
+        kept.scatter_(2, order, torch.cat(keeps, 2))  # by proposal
+        max_conf = torch.maximum(max_conf, torch.where(kept, scores, 0.0).amax(dim=1))
+    return max_conf
+
+
+def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """(..., N) bools -> (..., ceil(N / PACK_BITS)) int64 words, bit j of word w = bits[w * PACK_BITS + j]."""
+    n = bits.shape[-1]
+    words = -(-n // PACK_BITS)
+    padded = bits.new_zeros(*bits.shape[:-1], words * PACK_BITS)
+    padded[..., :n] = bits
+    shifts = torch.arange(PACK_BITS, device=bits.device)
+    return (padded.view(*bits.shape[:-1], words, PACK_BITS).long() << shifts).sum(-1)
+
+
+def select_caffe_batched(
+    proposals: list[torch.Tensor], probs: list[torch.Tensor], cfg: SelectionConfig
+) -> list[Selection]:
+    """`select_caffe` of each image, computed for all of them together on fixed shapes: the same regions in
+    the same order, with one host sync (the kept counts) for the whole list."""
+    sizes = [p.shape[0] for p in proposals]
+    if not sizes or max(sizes) == 0:
+        return [select_caffe(p, q, cfg) for p, q in zip(proposals, probs, strict=True)]
+    boxes = pad_sequence(list(proposals), batch_first=True)
+    fg = pad_sequence([q[:, :-1] for q in probs], batch_first=True)
+    # built on the device: a tensor of the sizes copied up would be a host sync
+    valid = pad_sequence([q.new_ones(q.shape[0], dtype=torch.bool) for q in probs], batch_first=True)
+    count = valid.sum(1)
+    # select_caffe's floors only spare it work: where its loop stops, the rows it ranks have their exact
+    # max_conf and all the others rank below them, so ranking the exact values keeps the same rows
+    max_conf = per_class_max_conf_batched(boxes, fg, valid, cfg.nms_thresh)
+    max_conf = torch.where(valid, max_conf, -1.0)  # padding sorts last and never passes
+    passing = max_conf >= cfg.conf_thresh
+    passed = passing.sum(1)
+    in_order = (~passing).to(torch.uint8).argsort(dim=1, stable=True)  # the passing rows first, in order
+    by_conf = max_conf.argsort(dim=1, descending=True, stable=True)
+    few, many = passed < cfg.min_boxes, passed > cfg.max_boxes
+    kept = torch.where(few, count.clamp(max=cfg.min_boxes), torch.where(many, cfg.max_boxes, passed))
+    rows = torch.where((few | many)[:, None], by_conf, in_order)
+    selections = []
+    for i, n in enumerate(kept.tolist()):  # the one host sync
+        keep = rows[i, :n]
+        scores, classes = probs[i][:, :-1][keep].max(dim=1)
+        selections.append(Selection(keep, proposals[i][keep], classes, scores))
+    return selections
 
 
 def select_maxnms(probs: torch.Tensor, pred_boxes: torch.Tensor, cfg: SelectionConfig) -> Selection:

@@ -1,9 +1,11 @@
 """The batched forward (padded canvases, one RoI-head call per batch): an image's record is bit for bit the
-same alone or in any batch, equals the per-image forward up to rounding, and the `forward` setting and
-the convolution layout choice behave as documented."""
+same alone or in any batch, equals the per-image forward up to rounding, its batched selection writes the
+per-image selection's records, and the `forward` setting and the convolution layout choice behave as
+documented."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -14,9 +16,11 @@ from extraction import Detector, rcnn
 from extraction.backbone import conv_memory_format, set_memory_format, trunk_extents
 from extraction.config import SMALL_PRESET
 from extraction.grid import GridConfig
+from extraction.postprocess import to_record, to_records
 from extraction.preprocess import batch_images, resize_image
 
 FIELDS = ("boxes", "features", "objects_id", "objects_conf", "attrs_id", "attrs_conf")
+ROI_FIELDS = ("proposals", "objectness", "features", "cls_logits", "deltas", "attr_logits")  # per proposal
 SHAPES = ((60, 90), (90, 60), (70, 70), (64, 96), (100, 80))  # three canvases at CANVAS_STEP 32
 
 
@@ -160,3 +164,26 @@ def test_float32_on_cuda_runs_nchw_and_the_layout_moves_only_rounding(small_dete
             set_memory_format(model, torch.channels_last)
     assert conv.folded_weight.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(got.features, ref.features, rtol=1e-4, atol=1e-5)
+
+
+def test_batched_selection_gives_the_per_image_records(small_detector, images):
+    """`to_records` (the batched path's caffe selection, one host sync per batch) writes the records the
+    per-image `to_record` writes, bit for bit, for images with fewer proposals than their batch-mates too."""
+    cfg, model = small_detector.config, small_detector.model
+    resized = [resize_image(im, cfg.min_size, cfg.max_size) for im in images]
+    inputs = [batch_images([im], cfg.pixel_mean, cfg.pixel_std, torch.device("cpu"))[0][0] for im in resized]
+    with torch.inference_mode():
+        outs = model.forward_batched(inputs, batch_size=4)
+    outs[1] = dataclasses.replace(outs[1], **{f: getattr(outs[1], f)[:3] for f in ROI_FIELDS})
+    outs[3] = dataclasses.replace(outs[3], **{f: getattr(outs[3], f)[:0] for f in ROI_FIELDS})
+    ids = [f"im{i}" for i in range(len(outs))]
+    input_hws = [im.shape[:2] for im in resized]
+    orig_hws = [im.shape[:2] for im in images]
+    coder = small_detector._roi_coder
+    settings = ({}, {"min_boxes": 36, "max_boxes": 36}, {"conf_thresh": 0.0, "class_probs": True})
+    for changes in (*settings, {"rule": "maxnms"}, {"rule": "threshold"}):
+        sel = dataclasses.replace(small_detector.selection, **changes)
+        got = to_records(outs, ids, orig_hws, input_hws, sel, coder, batched_selection=True)
+        want = [to_record(*args, sel, coder) for args in zip(outs, ids, orig_hws, input_hws, strict=True)]
+        for g, w in zip(got, want, strict=True):
+            assert _same(g, w) and np.array_equal(g.class_probs, w.class_probs), (changes, g.img_id)

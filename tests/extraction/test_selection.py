@@ -1,4 +1,5 @@
-"""The three region-selection rules agree with brute-force re-implementations on random score tables."""
+"""The three region-selection rules agree with brute-force re-implementations on random score tables; the
+batched caffe rule equals the per-image one bit for bit."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ import pytest
 import torch
 from torchvision.ops import nms
 
+from extraction import selection
 from extraction.config import SELECTION_RULES
 from extraction.selection import (
+    BATCHED_NMS_ELEMENTS,
     RULES,
     SelectionConfig,
+    nms_suppression,
     per_class_max_conf,
+    per_class_max_conf_batched,
     select,
     select_caffe,
+    select_caffe_batched,
     select_maxnms,
     select_threshold,
 )
@@ -225,3 +231,103 @@ def test_rule_table_dispatches_and_says_which_rules_need_boxes():
         select(b, p, None, SelectionConfig("maxnms"))
     with pytest.raises(ValueError, match="selection rule must be one of"):
         SelectionConfig("best")
+
+
+LEVELS = np.array([0.0, 0.005, 0.01, 0.03, 0.05, 0.1, 0.2, 0.25, 0.4], dtype=np.float32)  # floors, thresholds
+
+
+def caffe_image(rng: np.random.Generator, num: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's proposals and probabilities, drawn to be hard: integer boxes on a small grid (duplicates,
+    IoUs exactly at thresholds, some of zero area) or clustered real ones; scores softmaxed or drawn from
+    LEVELS (ties, values exactly at the floors and the thresholds)."""
+    if rng.random() < 0.5:
+        xy = rng.integers(0, 6, size=(num, 2))
+        boxes = np.concatenate([xy, xy + rng.integers(0, 4, size=(num, 2))], axis=1).astype(np.float32)
+    else:
+        boxes, _, _ = score_table(int(rng.integers(1 << 30)), num=num, classes=1)
+        boxes[num // 2 :: 4] = boxes[: len(boxes[num // 2 :: 4])]
+    if rng.random() < 0.5:
+        logits = rng.normal(0, rng.choice([0.3, 1.0, 3.0, 6.0]), size=(num, classes + 1))
+        probs = (np.exp(logits) / np.exp(logits).sum(1, keepdims=True)).astype(np.float32)
+    else:
+        probs = rng.choice(LEVELS, size=(num, classes + 1))
+    return torch.from_numpy(boxes), torch.from_numpy(probs)
+
+
+def caffe_batch(seed: int, classes: int = 25) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    rng = np.random.default_rng(seed)
+    images = [
+        caffe_image(rng, int(rng.choice([0, 1, 7, 30, 60])), classes) for _ in range(int(rng.integers(1, 6)))
+    ]
+    return [b for b, _ in images], [p for _, p in images]
+
+
+@pytest.mark.parametrize("thresh", [0.3, 0.5, 0.7])
+@pytest.mark.parametrize("seed", range(20))
+def test_batched_nms_keeps_what_torchvision_keeps(seed, thresh):
+    """One class with positive scores: max_conf > 0 marks exactly the boxes torchvision's nms keeps."""
+    rng = np.random.default_rng(seed)
+    boxes, probs = caffe_image(rng, 50, 1)
+    scores = probs[:, 0] + 0.5  # positive, ties kept
+    got = per_class_max_conf_batched(
+        boxes[None], scores[None, :, None], torch.ones(1, 50, dtype=torch.bool), thresh
+    )
+    want = torch.zeros(50, dtype=torch.bool)
+    want[nms(boxes, scores, thresh)] = True
+    assert torch.equal(got[0] > 0, want)
+
+
+@pytest.mark.parametrize("chunk", [BATCHED_NMS_ELEMENTS, 1000])  # 1000: the classes in several passes
+@pytest.mark.parametrize("seed", range(12))
+def test_batched_max_conf_equals_per_class_max_conf_at_every_floor(seed, chunk, monkeypatch):
+    monkeypatch.setattr(selection, "BATCHED_NMS_ELEMENTS", chunk)
+    classes = 60 if seed % 3 == 0 else 25  # 60 x 60 proposals: the >4000 (per-class) path of batched_nms
+    proposals, probs = caffe_batch(seed, classes)
+    boxes = torch.nn.utils.rnn.pad_sequence(proposals, batch_first=True)
+    fg = torch.nn.utils.rnn.pad_sequence([p[:, :-1] for p in probs], batch_first=True)
+    valid = torch.nn.utils.rnn.pad_sequence(
+        [torch.ones(len(p), dtype=torch.bool) for p in probs], batch_first=True
+    )
+    if boxes.shape[1] == 0:
+        return
+    got = per_class_max_conf_batched(boxes, fg, valid, 0.3)
+    assert bool((got[~valid] == 0).all())
+    for i, (b, p) in enumerate(zip(proposals, probs, strict=True)):
+        exact = got[i, : len(b)]
+        for floor in (0.0, 0.01, 0.05, 0.2):
+            want = per_class_max_conf(b, p[:, :-1], 0.3, floor)
+            assert torch.equal(torch.where(exact >= floor, exact, 0.0), want), (i, floor)
+
+
+CAFFE_CONFIGS = [
+    SelectionConfig("caffe", lo, hi, conf_thresh=conf, nms_thresh=nms_thresh)
+    for lo, hi in ((0, 3), (5, 10), (12, 20), (36, 36), (1, 100))
+    for conf, nms_thresh in ((0.2, 0.3), (0.05, 0.5), (0.0, 0.3), (0.25, 0.7), (0.03, 0.3))
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_batched_caffe_rule_equals_the_per_image_rule(seed):
+    proposals, probs = caffe_batch(100 + seed)
+    for cfg in CAFFE_CONFIGS:
+        got = select_caffe_batched(proposals, probs, cfg)
+        for i, (b, p) in enumerate(zip(proposals, probs, strict=True)):
+            want = select_caffe(b, p, cfg)
+            for field in ("index", "boxes", "classes", "scores"):
+                assert torch.equal(getattr(got[i], field), getattr(want, field)), (cfg, i, field)
+
+
+def test_batched_caffe_rule_accepts_images_without_proposals():
+    probs = [torch.zeros(0, 26), torch.zeros(0, 26)]
+    got = select_caffe_batched([torch.zeros(0, 4), torch.zeros(0, 4)], probs, SelectionConfig())
+    assert [s.index.numel() for s in got] == [0, 0]
+    assert select_caffe_batched([], [], SelectionConfig()) == []
+
+
+def test_suppression_compares_like_the_device_nms():
+    """IoU = float32(0.3) is above 0.3 in float64 (torchvision's CPU nms suppresses) but not above the
+    float32 threshold its CUDA kernel compares with (tests/extraction/test_cuda_extraction.py checks that)."""
+    x = float(torch.tensor(0.3, dtype=torch.float32))
+    boxes = torch.tensor([[[0, 0, 1, 1], [0, 0, x, 1]]], dtype=torch.float32)
+    assert nms(boxes[0], torch.tensor([0.9, 0.8]), 0.3).tolist() == [0]
+    assert nms_suppression(boxes, 0.3)[0, 0, 1]
