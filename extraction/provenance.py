@@ -159,7 +159,12 @@ def differences(
     info = {"path": "random", "sha256": None}
     if weights is not None:
         info = {"path": str(weights), "sha256": sha256(weights_file(weights))}
-    here = provenance(preset, config, sel, info, config.feature_dim, grid)
+    return provenance_differences(recorded, provenance(preset, config, sel, info, config.feature_dim, grid))
+
+
+def provenance_differences(recorded: dict, here: dict) -> list[str]:
+    """`differences` between two provenances (e.g. a run's training store and the store it is evaluated
+    on). Entries `recorded` lacks (older stores) are not compared."""
     found = []
     for key in _DECIDING:
         if key in recorded and _plain(recorded[key]) != _plain(here.get(key)):
@@ -168,11 +173,12 @@ def differences(
             else:
                 found.append(f"{key} {recorded[key]!r} (here: {here.get(key)!r})")
     for section in ("config", "selection_config"):
+        mine = here.get(section) or {}
         for key, value in (recorded.get(section) or {}).items():
-            if key in SELECTION_ARGUMENTS or key not in here[section]:
+            if key in SELECTION_ARGUMENTS or key not in mine:
                 continue  # the selection rule and the box counts are compared above
-            if _plain(value) != _plain(here[section][key]):
-                found.append(f"{key} {value!r} (here: {here[section][key]!r})")
+            if _plain(value) != _plain(mine[key]):
+                found.append(f"{key} {value!r} (here: {mine[key]!r})")
     return found
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
+from extraction.provenance import provenance_differences
 from pipelines.data.examples import check_images
 from pipelines.data.image_refs import StoreImages
 from pipelines.engine.devices import DEFAULT_DEVICE, pick_device
@@ -39,6 +40,23 @@ def joined_path(predictions_path: str | Path) -> Path:
 def recorded_extraction(checkpoint: str | Path) -> dict:
     """The provenance of the features `checkpoint` was fine-tuned on ({} when the store recorded none)."""
     return json.loads(finetuned_run_file(checkpoint).read_text()).get("detector") or {}
+
+
+def check_extraction(recorded: dict, store: FeatureReader, checkpoint: str | Path) -> None:
+    """ValueError naming every setting in which a store's extraction differs from the one the run was
+    fine-tuned on (detector weights, boxes, grid, sizes, thresholds); stores or runs that recorded none
+    (imported features) are not compared."""
+    if not recorded:
+        return
+    for shard in store.shards:
+        here = shard.read_meta().get("provenance")
+        found = provenance_differences(recorded, here) if here else []
+        if found:
+            raise ValueError(
+                f"{shard.path} was extracted unlike the features {checkpoint} was fine-tuned on: "
+                f"{'; '.join(found)}; evaluate on a store made with the run's settings (or --images DIR, "
+                "which extracts with them)"
+            )
 
 
 def write_joined(path: str | Path, kind, examples: Sequence, predictions: dict) -> Path:
@@ -92,12 +110,14 @@ def evaluate(
     examples = kind.load_examples(split)
     if not examples:
         raise ValueError(f"{', '.join(map(str, split))} holds no example")
-    reader = StoreImages(FeatureReader(features))
+    store = FeatureReader(features)
+    reader = StoreImages(store)
     if reader.feature_dim != tuned.model.config.visual_feat_dim:
         raise ValueError(
             f"the store holds {reader.feature_dim}-d features, the model expects "
             f"{tuned.model.config.visual_feat_dim}-d; evaluate on features from the same detector"
         )
+    check_extraction(recorded_extraction(checkpoint), store, checkpoint)
     check_images(examples, reader, f"split {', '.join(map(str, split))}")
     dataset = kind.dataset(examples, reader, tuned.tokenizer, tuned.answers, tuned.max_length)
     loader = DataLoader(

@@ -14,7 +14,7 @@ from pipelines.cli import main
 from pipelines.tasks import TASKS, get_finetune_task
 from pipelines.tasks.finetune import FinetuneConfig
 from pipelines.tasks.finetuned import build_task
-from storage import FeatureWriter, RegionFeatures
+from storage import FeatureReader, FeatureWriter, RegionFeatures
 
 
 def test_vqa_file_is_list_of_question_id_answer(tmp_path):
@@ -249,3 +249,40 @@ def test_score_of_the_written_predictions_equals_the_evaluate_metrics(runs, tmp_
         assert {f"accuracy/{k}": v for k, v in scored["per_answer_type"].items()} == {
             k: v for k, v in metrics.items() if k.startswith("accuracy/")
         }
+
+
+def test_evaluate_features_refuses_a_store_extracted_unlike_the_run(runs, tmp_path, capsys):
+    """Issue 44: only the feature width was compared, so a run fine-tuned on 10 boxes scored a 36-box
+    store without a word. Every shard's recorded extraction is now compared with the run's."""
+    import shutil
+
+    from pipelines.tasks.finetune import RUN_FILE
+
+    def extraction(max_boxes: int) -> dict:
+        return {"features": "regions", "selection": "caffe", "min_boxes": max_boxes, "max_boxes": max_boxes,
+                "feature_dim": 16, "weights": "det", "weights_sha256": "ab" * 32,
+                "config": {"min_size": 160, "nms_thresh": 0.3}}  # fmt: skip
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["vqa_best"], run)
+    settings = json.loads((run / RUN_FILE).read_text())
+    (run / RUN_FILE).write_text(json.dumps({**settings, "detector": extraction(10)}))
+    source = FeatureReader(runs["features"])
+    stores = {}
+    for boxes in (10, 36):
+        stores[boxes] = tmp_path / f"feats{boxes}.lmdb"
+        with FeatureWriter(
+            stores[boxes], feature_dim=16, max_boxes=5, dtype="float32", meta=extraction(boxes)
+        ) as w:
+            for key in list(source.keys()):
+                w.put(source[key])
+    source.close()
+    argv = ["evaluate", "vqa", "--checkpoint", str(run), "--split", str(runs["vqa"])]
+    argv += ["--out", str(tmp_path / "p.json")]
+    assert main([*argv, "--features", str(stores[36])]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and str(stores[36]) in err[0] and str(run) in err[0], err
+    assert "max_boxes 10 (here: 36)" in err[0] and "min_boxes 10 (here: 36)" in err[0]
+    assert not (tmp_path / "p.json").exists()
+    assert main([*argv, "--features", str(stores[10])]) == 0
+    assert main([*argv, "--features", str(runs["features"])]) == 0  # a store that recorded nothing
