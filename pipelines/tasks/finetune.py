@@ -124,6 +124,12 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         check_model_overrides(self.model)
+        # a run's own directory (as self-critical.pytorch's --start_from takes) stands for its final model
+        run = Path(self.init) if self.init else None
+        own_model = run is not None and (run / CONFIG_NAME).is_file()
+        if run and not own_model and (run / CHECKPOINTS).is_dir() and (run / "last").is_dir():
+            log.info("--init %s is a run directory: starting from its final model, %s", run, run / "last")
+            self.init = str(run / "last")
 
 
 @dataclass

@@ -340,3 +340,7 @@ def test_the_scst_recipe_continues_the_cross_entropy_run_s_adam_state(corpus, tm
     with pytest.raises(ValueError, match="has no optimizer state to continue") as exc:
         CaptionTask(lone).init_trainer_states()
     assert len(str(exc.value).splitlines()) == 1
+    # the run's own directory, as --start_from takes it, stands for its last/ (weights and optimizer)
+    whole = replace(run.task, init=str(tmp_path / "xe"))
+    assert whole.init == init
+    assert CaptionTask(whole).init_trainer_states() == CaptionTask(run.task).init_trainer_states()
