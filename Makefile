@@ -23,6 +23,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -37,4 +38,4 @@ docker-dirs:
 	docker/dirs.sh $(DOCKER_ENV)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR)
+	rm -rf $(VENV) $(DEMO_DIR) site

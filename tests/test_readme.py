@@ -1,43 +1,39 @@
-"""Every `xmodal ...` line in the README's shell blocks parses with the real command-line parser."""
+"""README.md is a front page: short, the first commands on its first screen, your own images on the
+second, the same own-images block as the manual's (which a test runs), and links that lead somewhere."""
 
 from __future__ import annotations
 
 import re
-import shlex
-from pathlib import Path
 
-import pytest
+from tests.docs.pages import DOCS, README, REPO, blocks
 
-from pipelines.cli import build_parser
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+SCREEN = 40  # lines a terminal or a browser shows without scrolling
 
 
-def readme_commands() -> list[list[str]]:
-    """`xmodal` argument lists from ```bash blocks: continuations joined, comments, pipes and `;` split off,
-    lines eliding arguments with `...` left out, and the command after `submit ... --` listed on its own."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            for part in re.split(r"&&|\|\||;|\|", line):
-                words = shlex.split(part, comments=True)
-                words = [w for w in words if not re.fullmatch(r"[A-Z_]+=.*", w)]  # VAR=value prefixes
-                if (
-                    words[:1] != ["xmodal"] or "..." in words
-                ):  # `xmodal pretrain ... --resume` elides on purpose
-                    continue
-                commands.append(words[1:])
-                if words[1:2] == ["submit"] and "--" in words:
-                    commands.append(words[words.index("--") + 1 :])
-    return commands
+def test_the_readme_is_short() -> None:
+    assert len(README.read_text().splitlines()) <= 250
 
 
-def test_the_readme_shows_commands() -> None:
-    names = {argv[0] for argv in readme_commands()}
-    assert {"extract", "pretrain", "finetune", "evaluate", "ask", "submit", "features", "convert"} <= names
+def test_the_first_commands_are_on_the_first_screen() -> None:
+    first = "\n".join(README.read_text().splitlines()[:SCREEN])
+    assert "make demo" in first and "make test" in first
+    assert re.search(r"takes .*minutes", first), "the first screen says how long the demo takes"
 
 
-@pytest.mark.parametrize("argv", readme_commands(), ids=lambda a: " ".join(a)[:60])
-def test_readme_command_parses(argv: list[str]) -> None:
-    args = build_parser().parse_args(argv)
-    assert args.command == argv[0]
+def test_your_own_images_is_on_the_second_screen() -> None:
+    lines = README.read_text().splitlines()
+    start = lines.index("## Your own images")
+    own = [b for b in blocks(README) if b.line > start + 1][0]
+    assert start < 2 * SCREEN and own.line < 2 * SCREEN + 10
+    # the manual's block, which tests/pipelines/commands/test_own_images.py runs as written
+    assert own.text == blocks(DOCS / "own-images.md")[0].text
+    assert own.marker == blocks(DOCS / "own-images.md")[0].marker
+
+
+def test_the_readme_links_lead_somewhere() -> None:
+    text = README.read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert "docs/index.md" in targets or any(t.startswith("docs/") for t in targets)
+    for target in targets:
+        if not target.startswith("http"):
+            assert (REPO / target).exists(), target

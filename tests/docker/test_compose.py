@@ -300,8 +300,7 @@ def _option_values(argv: list[str], option: str) -> list[str]:
 
 
 def test_pretrain_trains_on_the_readme_quick_start_files(compose: dict) -> None:
-    readme = (REPO / "README.md").read_text()
-    quick_start = readme[readme.index("## Quick start on real data") :]
+    quick_start = (REPO / "docs" / "coco-vqa.md").read_text()
     command = re.search(r"^\s*xmodal pretrain .*?(?<!\\)$", quick_start, re.M | re.S)[0].replace("\\\n", " ")
     files = [Path(f).name for f in _option_values(shlex.split(command), "--train")]
     assert "mscoco_nominival.json" in files
@@ -314,8 +313,7 @@ def test_env_example_has_no_secret(env_example: dict) -> None:
 
 
 def test_finetune_uses_the_readme_answer_table(compose: dict) -> None:
-    readme = (REPO / "README.md").read_text()
-    quick_start = readme[readme.index("## Quick start on real data") :]
+    quick_start = (REPO / "docs" / "coco-vqa.md").read_text()
     command = re.search(r"^\s*xmodal finetune vqa .*?(?<!\\)$", quick_start, re.M | re.S)[0].replace(
         "\\\n", " "
     )

@@ -216,7 +216,7 @@ def test_four_loss_panels_are_drawn_two_a_row(tmp_path: Path) -> None:
     assert three == (width, height)  # the fourth cell left empty
 
 
-# the README's demo figures: every group has a bar near 100 %, where a legend inside the axes sat
+# the demo's figures: every group has a bar near 100 %, where a legend inside the axes sat
 DEMO_ACCURACY = {
     "accuracy": 92.9,
     "other_images_accuracy": 33.2,

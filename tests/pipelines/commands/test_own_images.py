@@ -331,12 +331,12 @@ def test_a_questions_file_without_answers_names_the_file_and_its_rows(
 
 
 def _readme_own_images() -> list[list[str]]:
-    """The `xmodal` commands of the README's "Your own images" block, as written."""
+    """The `xmodal` commands of the manual's docs/own-images.md block, as written (README.md shows the same
+    block; tests/test_readme.py checks that)."""
     import shlex
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("## Your own images", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    page = (Path(__file__).resolve().parents[3] / "docs" / "own-images.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", page, flags=re.S).group(1)
     lines = block.replace("\\\n", " ").splitlines()
     return [shlex.split(line, comments=True)[1:] for line in lines if line.startswith("xmodal ")]
 
@@ -344,7 +344,7 @@ def _readme_own_images() -> list[list[str]]:
 @pytest.mark.slow
 def test_the_readme_section_runs_as_written_offline(sitting, ray_session, tmp_path, monkeypatch, capsys,
                                                     one_thread):  # fmt: skip
-    """Issue 45: the README's own-images commands, in a folder holding photos/, questions.csv and
+    """The own-images page's commands, in a folder holding photos/, questions.csv and
     captions.json, with no hub (an empty HuggingFace cache, HF_HUB_OFFLINE) and the default batch of 32
     for eight photos; only what keeps it to seconds is added (a small detector, a tiny model, 2 steps)."""
     import shutil
