@@ -705,19 +705,24 @@ def _schedule(cfg: TrainConfig, total: int, steps_per_epoch: int = 1):
     if cfg.schedule == "epochs":
         every = cfg.lr_decay_epochs * steps_per_epoch  # updates between two decays
         return _step_schedule(warmup, list(range(every, total, every)), cfg.lr_gamma, cfg.warmup_factor)
-    return _linear_schedule(warmup, total, cfg.warmup_factor)
+    ratio = cfg.warmup_iters / total if cfg.warmup_iters is not None else cfg.warmup_ratio
+    return _linear_schedule(ratio, total, cfg.warmup_factor)
 
 
-def _warmup(step: int, warmup: float, start: float) -> float:
-    alpha = step / warmup
-    return start * (1 - alpha) + alpha  # start 0 gives step / warmup exactly
+def _warmup(alpha: float, start: float) -> float:
+    """The warm-up's factor at the fraction `alpha` of it, rising linearly from `start` to 1."""
+    return start * (1 - alpha) + alpha  # start 0 gives alpha exactly
 
 
-def _linear_schedule(warmup: float, total: int, warmup_factor: float = 0.0):
+def _linear_schedule(ratio: float, total: int, warmup_factor: float = 0.0):
+    """The release's warmup_linear of the progress x = step / total, written as it computes it (so the
+    rates have its bits): x / ratio during the warm-up, then (x - 1) / (ratio - 1) down to 0."""
+
     def factor(step: int) -> float:
-        if step < warmup:
-            return _warmup(step, warmup, warmup_factor)
-        return max(0.0, (total - step) / max(1, total - warmup))
+        x = step / total
+        if x < ratio:
+            return _warmup(x / ratio, warmup_factor)
+        return max((x - 1.0) / (ratio - 1.0), 0.0) if ratio < 1 else 0.0
 
     return factor
 
@@ -726,7 +731,7 @@ def _step_schedule(warmup: float, steps: list[int], gamma: float, warmup_factor:
     milestones = list(steps)
 
     def factor(step: int) -> float:
-        rise = _warmup(step, warmup, warmup_factor) if step < warmup else 1.0
+        rise = _warmup(step / warmup, warmup_factor) if step < warmup else 1.0
         return rise * gamma ** bisect.bisect_right(milestones, step)
 
     return factor

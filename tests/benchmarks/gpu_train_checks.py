@@ -1,6 +1,6 @@
 """The compiled training path's checks that need a GPU (run by gpu_train.sh): each prints one JSON line.
 
-- bertadam: the list (foreach) update against the one-parameter-at-a-time rule on CUDA: bits equal?
+- bertadam: the list (foreach) update against the release's one-parameter-at-a-time step on CUDA: bits equal?
 - compiled_vs_eager: inductor's forward + backward of a tiny preset (static layout, as the trainer runs
   it) against eager padding-free rows, float32 (TF32 off)
   and bf16 autocast: the loss's and the worst gradient's relative difference.
@@ -32,29 +32,35 @@ from pipelines.engine.trainer import TrainConfig  # noqa: E402
 
 
 def bertadam_bits() -> dict:
+    """The list update on CUDA against pytorch-pretrained-bert's BertAdam step written out one parameter at
+    a time (its own gradient clipped to norm 1, `update += wd * p`, `p.add_(-(lr * update))`)."""
     gen = torch.Generator().manual_seed(0)
     shapes = [(768, 768), (768,), (30522, 64), (3, 5)]
     start = [torch.randn(s, generator=gen).cuda() for s in shapes]
     ours = [torch.nn.Parameter(t.clone()) for t in start]
-    theirs = [t.clone() for t in start]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start]
     opt = BertAdam(ours, lr=1e-3)
     m = [torch.zeros_like(t) for t in theirs]
     v = [torch.zeros_like(t) for t in theirs]
-    for lr in (1e-3, 2e-3, 5e-4):
-        grads = [torch.randn(s, generator=gen).cuda() for s in shapes]
-        for p, g in zip(ours, grads, strict=True):
-            p.grad = g.clone()
+    for lr in (1e-3, 2e-3, 5e-4, 1e-3, 3e-4):
+        grads = [torch.randn(s, generator=gen).cuda() * 0.05 for s in shapes]
+        for p, q, g in zip(ours, theirs, grads, strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
         for group in opt.param_groups:
             group["lr"] = lr
         opt.step()
-        for p, g, mi, vi in zip(theirs, grads, m, v, strict=True):
-            mi.mul_(0.9).add_(g, alpha=1 - 0.9)
-            vi.mul_(0.999).addcmul_(g, g, value=1 - 0.999)
-            update = mi / (vi.sqrt() + 1e-6)
-            update.add_(p, alpha=0.01)
-            p.add_(update, alpha=-lr)
-    diffs = [float((a.detach() - b).abs().max()) for a, b in zip(ours, theirs, strict=True)]
-    equal = all(torch.equal(a.detach(), b) for a, b in zip(ours, theirs, strict=True))
+        with torch.no_grad():
+            for p, mi, vi in zip(theirs, m, v, strict=True):
+                torch.nn.utils.clip_grad_norm_(p, 1.0)
+                g = p.grad
+                mi.mul_(0.9).add_(g, alpha=1 - 0.9)
+                vi.mul_(0.999).addcmul_(g, g, value=1 - 0.999)
+                update = mi / (vi.sqrt() + 1e-6)
+                update += 0.01 * p.data
+                p.data.add_(-(lr * update))
+    pairs = [(a.detach(), b.detach()) for a, b in zip(ours, theirs, strict=True)]
+    diffs = [float((a - b).abs().max()) for a, b in pairs]
+    equal = all(torch.equal(a, b) for a, b in pairs)
     return {"name": "gpu_check_bertadam", "bitwise_equal": equal, "max_abs_diff": max(diffs)}
 
 
