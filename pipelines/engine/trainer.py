@@ -34,7 +34,7 @@ from pipelines.engine.checkpoints import (
     replace_dir,
     step_dir,
 )
-from pipelines.engine.compiled import compile_model, failure_line, wants_compile
+from pipelines.engine.compiled import CUDA_GRAPHS, compile_mode, compile_model, failure_line, wants_compile
 from pipelines.engine.devices import pick_device
 from pipelines.engine.model_memory import check_model_fits
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
@@ -115,8 +115,9 @@ class TrainConfig:
     # TF32: faster on Ampere and later, ~1e-3 relative error; false = IEEE float32
     tf32: bool = False
     # the training step (forward and backward) through torch.compile: auto = on for CUDA, off elsewhere;
-    # a model that cannot compile trains on eagerly after one warning line
-    compile: Literal["auto", "on", "off"] = "auto"
+    # reduce-overhead = on, replayed as CUDA graphs on CUDA (plain compiling elsewhere); a model that
+    # cannot compile trains on eagerly after one warning line
+    compile: Literal["auto", "on", "off", "reduce-overhead"] = "auto"
     save_every: int | None = None  # steps between checkpoints; one is always written at the end
     keep_checkpoints: int | None = None  # keep only the newest K step directories
     log_every: int = 10
@@ -369,9 +370,12 @@ class TrainingRun:
             )
         self.stepped = model  # what the task's loss calls: the model, or DDP around it
         self.compiled = None
+        self.cuda_graphs = False
         if wants_compile(cfg.compile, self.device):
             log.info("train.compile: the step is compiled at its first call (torch.compile)")
-            self.compiled = compile_model(model)
+            mode = compile_mode(cfg.compile, self.device)
+            self.cuda_graphs = mode == CUDA_GRAPHS
+            self.compiled = compile_model(model, mode)
         window = self.window
         tick, samples = time.perf_counter(), 0
         while self.step < self.total_steps:
@@ -498,6 +502,9 @@ class TrainingRun:
         error: BaseException | None = None
         try:
             batch = to_device(next(batches), self.device)
+            if self.cuda_graphs and model is self.compiled:
+                # a new replay may reuse the last one's outputs: the step's terms were copied out already
+                torch.compiler.cudagraph_mark_step_begin()
             with self._autocast():
                 loss, parts = self.task.loss(model, batch)
         except USER_ERRORS as exc:

@@ -46,18 +46,64 @@ def test_the_setting_is_refused_by_name_and_read_from_yaml_booleans():
     ) as bad:
         TrainConfig(compile="sometimes")
     assert "\n" not in str(bad.value)
-    assert [apply_overrides(TrainConfig(), [f"compile={v}"]).compile for v in ("on", "off", "auto")] == [
-        "on",
-        "off",
-        "auto",
-    ]
-    with pytest.raises(ValueError, match=r"compile=1 is not one of \['auto', 'on', 'off'\]"):
+    settings = ("on", "off", "auto", "reduce-overhead")
+    assert [apply_overrides(TrainConfig(), [f"compile={v}"]).compile for v in settings] == list(settings)
+    with pytest.raises(ValueError, match=r"compile=1 is not one of \['auto', 'on', 'off', 'reduce-o"):
         apply_overrides(TrainConfig(), ["compile=1"])
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert [compiled.wants_compile(s, cpu) for s in ("auto", "on", "off")] == [False, True, False]
-    assert [compiled.wants_compile(s, cuda) for s in ("auto", "on", "off")] == [True, True, False]
+    assert [compiled.wants_compile(s, cpu) for s in settings] == [True, False, False, True]
+    assert [compiled.wants_compile(s, cuda) for s in settings] == [True, False, True, True]
     with pytest.raises(ValueError, match=r"^train\.compile='yes' must be one of"):
         compiled.wants_compile("yes", cpu)
+
+
+def test_reduce_overhead_asks_for_cuda_graphs_on_cuda_and_compiles_plainly_elsewhere(caplog):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [compiled.compile_mode(s, cuda) for s in ("on", "auto", "reduce-overhead")] == [
+        None,
+        None,
+        "reduce-overhead",
+    ]
+    with caplog.at_level(logging.WARNING):
+        assert compiled.compile_mode("reduce-overhead", cpu) is None
+        assert compiled.compile_mode("on", cpu) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "train.compile=reduce-overhead: CUDA graphs need a CUDA device; "
+        "compiling the step without them on cpu"
+    ]
+
+
+class _Uneven(_NoDropout):
+    """60 examples: batches of 8 leave 4 over in every epoch."""
+
+    def train_dataset(self):
+        return [(x, y) for x, y in zip(*_points(60), strict=True)]
+
+
+def _points(n: int):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    return list(x), list((x @ np.array([1.0, -2.0, 0.5, 3.0])).astype(np.float32))
+
+
+def test_a_compiled_run_compiles_once_though_the_set_is_not_a_whole_number_of_batches(tmp_path, monkeypatch):
+    """Every step's batch is full (the remainder waits for the next epoch's shuffle, as the release's
+    drop_last does): the step is traced and compiled once in three epochs and reduce-overhead's static
+    shapes hold."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(compiled, "BACKEND", counting)
+    fit(_Uneven(), _cfg(epochs=3, compile="reduce-overhead", log_every=7), tmp_path)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert rows[-1]["step"] == 21  # 7 full batches of 8 an epoch
+    assert len(graphs) == 1
+    shapes = {tuple(n.meta["example_value"].shape) for n in graphs[0].graph.nodes if n.op == "placeholder"}
+    assert (8, 4) in shapes
 
 
 @pytest.mark.slow  # ~10 s a family on two shared cores: dynamo traces the whole model
