@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -362,3 +363,117 @@ def test_compile_on_trains_the_tiny_pretraining_preset_and_resumes_exactly(tmp_p
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
     resumed = [r["loss"] for r in read_metrics(halves / "metrics.jsonl") if "loss" in r]
     assert resumed == [r["loss"] for r in rows]
+
+
+# ops that make the host wait for the device (a value read back, or an output whose size depends on data)
+_HOST_SYNCS = (
+    "aten._local_scalar_dense",
+    "aten.item",
+    "aten.nonzero",
+    "aten.masked_select",
+    "aten.unique",
+    "aten._unique",
+    "aten.unique_consecutive",
+    "aten.repeat_interleave",
+)
+
+
+def _census(graphs: list[torch.fx.GraphModule]) -> tuple[Counter, list[str]]:
+    """Every call in `graphs` by op name, and the calls that sync the host: those above, and indexing
+    with a boolean mask (its output size is the mask's count)."""
+    calls: Counter = Counter()
+    syncs = []
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            name = str(node.target)
+            calls[name] += 1
+            masks = (
+                [
+                    a
+                    for a in node.args[1] or []
+                    if isinstance(a, torch.fx.Node) and a.meta["val"].dtype == torch.bool
+                ]
+                if name.startswith(("aten.index.", "aten.index_put"))
+                else []
+            )
+            if name.startswith(_HOST_SYNCS) or masks:
+                syncs.append(name)
+    return calls, syncs
+
+
+def test_a_compiled_lxmert_pretraining_step_is_one_graph_without_host_syncs():
+    """The trainer's compiled step for LXMERT pre-training (dropout on, every loss): dynamo hands one
+    graph to the backend, breaks nowhere, and neither its forward nor its backward (as AOT autograd
+    splits them) holds an op that waits for the device."""
+    from torch._dynamo.utils import counters
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    model, batch = _pretraining("lxmert", "probs")
+    model.train()
+    dynamo_graphs: list[torch.fx.GraphModule] = []
+    aot_graphs: dict[str, list[torch.fx.GraphModule]] = {"forward": [], "backward": []}
+
+    def keep(kind: str):
+        def compiler(gm, example_inputs):
+            aot_graphs[kind].append(gm)
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    def census(gm, example_inputs):
+        dynamo_graphs.append(gm)
+        return aot_module_simplified(
+            gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward")
+        )
+
+    torch._dynamo.reset()
+    counters.clear()
+    with static_layout():  # as the trainer runs a compiled step
+        out = torch.compile(model, backend=census)(**batch)
+        out.loss.backward()
+    assert len(dynamo_graphs) == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert len(aot_graphs["forward"]) == 1 and len(aot_graphs["backward"]) == 1
+    calls, syncs = _census(aot_graphs["forward"] + aot_graphs["backward"])
+    assert syncs == [], syncs
+    assert len(out.losses) >= 4 and sum(calls.values()) > 100  # the whole step is in the graphs
+    print(
+        f"compiled LXMERT pre-training step: 1 graph, 0 breaks, 0 host syncs; "
+        f"forward {sum(1 for n in aot_graphs['forward'][0].graph.nodes if n.op == 'call_function')} ops, "
+        f"backward {sum(1 for n in aot_graphs['backward'][0].graph.nodes if n.op == 'call_function')} ops"
+    )
+
+
+def test_the_census_sees_a_host_sync_and_a_graph_break():
+    """The census itself: a step that reads a value back breaks the graph; one that compacts by a mask is
+    a data-dependent op in the graph once dynamo is told to keep such ops."""
+    from torch._dynamo.utils import counters
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def census(gm, example_inputs):
+        def keep(g, inputs):
+            graphs.append(g)
+            return make_boxed_func(g.forward)
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+
+    def masked_mean(x):
+        return x[x > 0].mean()
+
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        torch.compile(masked_mean, backend=census)(torch.randn(16))
+    assert _census(graphs)[1] != []
+
+    def reads_back(x):
+        return x * float(x.sum())
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs.clear()
+    torch.compile(reads_back, backend=census)(torch.randn(16))
+    assert counters["graph_break"]
