@@ -42,6 +42,7 @@ class Step:
 def steps(detector_weights: str | None) -> list[Step]:
     weights = ["--weights", detector_weights] if detector_weights else []
     extract = [f"{B}/bench_extract_gpu.py", "--via", "in-process"]
+    parity = [f"{B}/gpu_parity.py", *weights]
     lxmert = [f"{B}/bench_model.py", "--device", "cuda", "--bf16", "--batch", "128", "--steps", "20"]
     lxmert += ["--no-memory", "--compile"]
     return [
@@ -49,8 +50,8 @@ def steps(detector_weights: str | None) -> list[Step]:
         Step(
             "parity",
             90,
-            [f"{B}/gpu_parity.py", "--device", "cuda", *weights],
-            [f"{B}/gpu_parity.py", "--device", "cpu", "--quick", "--forward", "batched", *weights],
+            [*parity, "--device", "cuda"],
+            [*parity, "--device", "cpu", "--quick", "--images", "2", "--forward", "batched"],
         ),
         Step(
             "train_checks",
@@ -63,7 +64,7 @@ def steps(detector_weights: str | None) -> list[Step]:
             "extract_bench",
             130,
             [*extract, "--device", "cuda", "--images", "48"],
-            [*extract, "--device", "cpu", "--quick", "--images", "4", "--dtypes", "float32"],
+            [*extract, "--device", "cpu", "--quick", "--images", "2", "--dtypes", "float32"],
         ),
         Step("lxmert_compiled", 150, lxmert, None),
         Step("lxmert_cudagraphs", 120, [*lxmert, "--compile-mode", "reduce-overhead"], None),

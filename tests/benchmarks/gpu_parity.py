@@ -59,12 +59,17 @@ def build(setup: dict, device: str, forward: str, weights: str | None, peak: flo
         max_boxes=KEEP + 1,
         **setup["overrides"],
     )
-    if weights is None and peak != 1.0:
-        with torch.no_grad():
-            head = class_head(det)
-            head.weight.mul_(peak)
-            head.bias.mul_(peak)
+    if weights is None:
+        sharpen(det, peak)
     return det
+
+
+def sharpen(det, peak: float) -> None:
+    """The class head's logits times `peak`."""
+    with torch.no_grad():
+        head = class_head(det)
+        head.weight.mul_(peak)
+        head.bias.mul_(peak)
 
 
 def class_head(det) -> torch.nn.Module:
@@ -132,9 +137,13 @@ def main() -> None:
     setup = QUICK if args.quick else FULL
     pictures = images(args.images or setup["images"], setup["shape"])
     ids = [f"img{i}" for i in range(len(pictures))]
-    peak = 1.0 if args.weights else peak_for(build(setup, "cpu", "per-image", None), pictures[0])
+    ref = build(setup, "cpu", "per-image", args.weights)
+    peak = 1.0
+    if not args.weights:
+        peak = peak_for(ref, pictures[0])
+        sharpen(ref, peak)
     start = time.perf_counter()
-    want = build(setup, "cpu", "per-image", args.weights, peak).detect(pictures, ids)
+    want = ref.detect(pictures, ids)
     cpu_s = time.perf_counter() - start
     det = build(setup, args.device, args.forward, args.weights, peak)
     start = time.perf_counter()
