@@ -1,4 +1,4 @@
-"""The compiled training path's checks that need a GPU (run by gpu_train.sh): each prints one JSON line.
+"""The compiled training path's checks that need a GPU (run by gpu_all.py): each prints one JSON line.
 
 - bertadam: the list (foreach) update against the release's one-parameter-at-a-time step on CUDA: bits equal?
 - compiled_vs_eager: inductor's forward + backward of a tiny preset (static layout, as the trainer runs

@@ -3,7 +3,7 @@ it on, the one-line fallback, and the loss check the step no longer waits for.
 
 torch.compile runs with the aot_eager backend here (the same traced forward and backward graphs, run by
 torch's own kernels): inductor's first compile of even the toy model takes over a minute on two shared
-cores. The GPU script (tests/benchmarks/gpu_train.sh) checks inductor against eager on CUDA."""
+cores. The GPU script (tests/benchmarks/gpu_all.py) checks inductor against eager on CUDA."""
 
 from __future__ import annotations
 
