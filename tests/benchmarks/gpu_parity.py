@@ -26,7 +26,7 @@ KEEP = 36
 REL_TOL = 1e-5  # features: max |difference| / max |feature| of the image
 BOX_TOL = 1e-3  # pixels
 LOGIT_STD = 3.0  # the peaked random head's class logits: their spread over classes
-FULL = dict(preset="vg-r101-c4", overrides={}, shape=(480, 640), images=12)
+FULL = dict(preset="vg-r101-c4", overrides={}, shape=(480, 640), images=8)
 QUICK = dict(
     preset="c4-small", overrides=dict(min_size=96, max_size=160, post_nms_topk=60), shape=(150, 200), images=3
 )
@@ -127,7 +127,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="the small C4 network on 3 small images")
-    ap.add_argument("--images", type=int, help="images compared (default: 12; quick: 3)")
+    ap.add_argument("--images", type=int, help="images compared (default: 8; quick: 3)")
     ap.add_argument("--weights", help="a trained detector (directory or file); default: peaked random head")
     ap.add_argument("--forward", default="auto", help="the device's path: auto, batched or per-image")
     ap.add_argument("--margin", type=float, default=1e-4, help="36th-37th confidence gap counted as a tie")
