@@ -39,3 +39,12 @@ docker-dirs:
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) site
+
+# The wheels the lent GPU machine lacks (lmdb), for CPython 3.10-3.13 on Linux x86_64, into .gpu_wheels/
+# (git-ignored): carry it to the device; tests/benchmarks/gpu_all.py installs from it.
+.PHONY: gpu-wheels
+gpu-wheels:
+	for v in 3.10 3.11 3.12 3.13; do \
+		$(PYTHON) -m pip download --quiet --only-binary=:all: --python-version $$v \
+			--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 lmdb -d .gpu_wheels || exit 1; \
+	done

@@ -9,17 +9,35 @@ import torch
 
 log = logging.getLogger(__name__)
 
-COMPILE_CHOICES = ("auto", "on", "off")
+# reduce-overhead: compiled, and each step replayed as CUDA graphs (torch.compile's mode of that name; the
+# shapes must stay static, as the trainer's full batches and the static layout keep them)
+COMPILE_CHOICES = ("auto", "on", "off", "reduce-overhead")
+CUDA_GRAPHS = "reduce-overhead"
 # inductor: generated kernels (Triton on CUDA, C++ on CPU); tests substitute a cheaper backend
 BACKEND = "inductor"
 
 
 def wants_compile(setting: str, device: torch.device) -> bool:
-    """`train.compile`: on, off, or auto (on for CUDA, off elsewhere: on a CPU the eager step is the faster
-    one for the sizes trained there, and compiling costs minutes)."""
+    """`train.compile`: on, reduce-overhead, off, or auto (on for CUDA, off elsewhere: on a CPU the eager
+    step is the faster one for the sizes trained there, and compiling costs minutes)."""
     if setting not in COMPILE_CHOICES:
         raise ValueError(f"train.compile={setting!r} must be one of {list(COMPILE_CHOICES)}")
-    return setting == "on" or (setting == "auto" and device.type == "cuda")
+    return setting in ("on", CUDA_GRAPHS) or (setting == "auto" and device.type == "cuda")
+
+
+def compile_mode(setting: str, device: torch.device) -> str | None:
+    """torch.compile's `mode` for `train.compile`: "reduce-overhead" (CUDA graphs) where asked on CUDA;
+    elsewhere the default (CUDA graphs need a CUDA device: a CPU compiles plainly, and says so once)."""
+    if setting != CUDA_GRAPHS:
+        return None
+    if device.type != "cuda":
+        log.warning(
+            "train.compile=%s: CUDA graphs need a CUDA device; compiling the step without them on %s",
+            setting,
+            device,
+        )
+        return None
+    return CUDA_GRAPHS
 
 
 def compile_model(model: torch.nn.Module, mode: str | None = None) -> torch.nn.Module:

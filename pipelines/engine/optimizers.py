@@ -8,6 +8,9 @@ from collections.abc import Iterable
 import torch
 
 BERTADAM_EPS = 1e-6  # the release's default `e`
+# the release clips every parameter's gradient to this norm on its own (<= 0: no clipping), after and
+# besides the trainer's clip of all gradients together (train.clip_norm)
+BERTADAM_MAX_GRAD_NORM = 1.0
 ADAMW_EPS = 1e-8  # torch's default
 SGD_MOMENTUM = 0.9  # detectron2's SOLVER.MOMENTUM
 # BertAdam updates this many elements per list operation: its two temporaries (sqrt(v) + eps and the
@@ -17,12 +20,14 @@ OPTIMIZERS = ("bertadam", "adamw", "sgd")
 
 
 class BertAdam(torch.optim.Optimizer):
-    """Adam as the LXMERT release's `BertAdam` steps: no bias correction, epsilon added to sqrt(v), and
-    weight decay added to the update (decoupled from the moments) before it is scaled by the learning rate:
+    """Adam as the LXMERT release's `BertAdam` (pytorch-pretrained-bert's) steps: each parameter's gradient
+    clipped to norm `max_grad_norm` on its own, no bias correction, epsilon added to sqrt(v), and weight
+    decay added to the update (decoupled from the moments) before it is scaled by the learning rate:
 
         m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  p <- p - lr (m / (sqrt(v) + eps) + wd p)
 
-    The learning-rate schedule (the release's warm-up-linear) is the trainer's scheduler, which sets `lr`.
+    with the release's roundings: `wd p` and `lr (...)` are products rounded before they are added. The
+    learning-rate schedule (the release's warm-up-linear) is the trainer's scheduler, which sets `lr`.
     """
 
     def __init__(
@@ -32,13 +37,20 @@ class BertAdam(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = BERTADAM_EPS,
         weight_decay: float = 0.01,
+        max_grad_norm: float = BERTADAM_MAX_GRAD_NORM,
     ):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(
                 f"BertAdam needs lr, eps, weight_decay >= 0 and betas in [0, 1): got lr={lr}, eps={eps}, "
                 f"weight_decay={weight_decay}, betas={betas}"
             )
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, {**defaults, "max_grad_norm": max_grad_norm})
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # a state saved before the setting existed: the release's default
+            group.setdefault("max_grad_norm", BERTADAM_MAX_GRAD_NORM)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -62,9 +74,16 @@ class BertAdam(torch.optim.Optimizer):
 
     def _update(self, group: dict, params: list[torch.Tensor]) -> None:
         """The rule's operations, each over the whole list at once (torch._foreach_*: a few kernel launches
-        on CUDA, the one-tensor kernels on a CPU), in the one-parameter order, so the same bits come out."""
+        on CUDA, the one-tensor kernels on a CPU), in the one-parameter order and with its intermediate
+        results, so the same bits come out."""
         beta1, beta2 = group["betas"]
         grads = [p.grad for p in params]
+        if group["max_grad_norm"] > 0:
+            # clip_grad_norm_(p, max_norm) for each p: its total norm is the norm of one norm, the
+            # coefficient max_norm / (norm + 1e-6) at most 1, the gradient scaled in place
+            norms = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))[:, None], dim=1)
+            scale = torch.clamp(group["max_grad_norm"] / (norms + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, list(scale.unbind()))
         states = [self.state[p] for p in params]
         m = [s["exp_avg"] for s in states]
         v = [s["exp_avg_sq"] for s in states]
@@ -76,9 +95,13 @@ class BertAdam(torch.optim.Optimizer):
         torch._foreach_add_(denom, group["eps"])
         update = torch._foreach_div(m, denom)
         del denom
-        if group["weight_decay"] > 0:
-            torch._foreach_add_(update, params, alpha=group["weight_decay"])
-        torch._foreach_add_(params, update, alpha=-group["lr"])
+        if group["weight_decay"] > 0:  # update += wd * p: the product rounded, then the sum
+            decay = torch._foreach_mul(params, group["weight_decay"])
+            torch._foreach_add_(update, decay)
+            del decay
+        # p += -(lr * update): the product rounded, then the sum (lr * x and -lr * x differ in sign alone)
+        torch._foreach_mul_(update, -group["lr"])
+        torch._foreach_add_(params, update)
         torch._foreach_add_([s["step"] for s in states], 1.0)
 
 

@@ -34,7 +34,7 @@ from pipelines.engine.checkpoints import (
     replace_dir,
     step_dir,
 )
-from pipelines.engine.compiled import compile_model, failure_line, wants_compile
+from pipelines.engine.compiled import CUDA_GRAPHS, compile_mode, compile_model, failure_line, wants_compile
 from pipelines.engine.devices import pick_device
 from pipelines.engine.model_memory import check_model_fits
 from pipelines.engine.optimizers import SGD_MOMENTUM, build_optimizer
@@ -115,8 +115,9 @@ class TrainConfig:
     # TF32: faster on Ampere and later, ~1e-3 relative error; false = IEEE float32
     tf32: bool = False
     # the training step (forward and backward) through torch.compile: auto = on for CUDA, off elsewhere;
-    # a model that cannot compile trains on eagerly after one warning line
-    compile: Literal["auto", "on", "off"] = "auto"
+    # reduce-overhead = on, replayed as CUDA graphs on CUDA (plain compiling elsewhere); a model that
+    # cannot compile trains on eagerly after one warning line
+    compile: Literal["auto", "on", "off", "reduce-overhead"] = "auto"
     save_every: int | None = None  # steps between checkpoints; one is always written at the end
     keep_checkpoints: int | None = None  # keep only the newest K step directories
     log_every: int = 10
@@ -369,9 +370,12 @@ class TrainingRun:
             )
         self.stepped = model  # what the task's loss calls: the model, or DDP around it
         self.compiled = None
+        self.cuda_graphs = False
         if wants_compile(cfg.compile, self.device):
             log.info("train.compile: the step is compiled at its first call (torch.compile)")
-            self.compiled = compile_model(model)
+            mode = compile_mode(cfg.compile, self.device)
+            self.cuda_graphs = mode == CUDA_GRAPHS
+            self.compiled = compile_model(model, mode)
         window = self.window
         tick, samples = time.perf_counter(), 0
         while self.step < self.total_steps:
@@ -498,6 +502,9 @@ class TrainingRun:
         error: BaseException | None = None
         try:
             batch = to_device(next(batches), self.device)
+            if self.cuda_graphs and model is self.compiled:
+                # a new replay may reuse the last one's outputs: the step's terms were copied out already
+                torch.compiler.cudagraph_mark_step_begin()
             with self._autocast():
                 loss, parts = self.task.loss(model, batch)
         except USER_ERRORS as exc:
@@ -705,19 +712,24 @@ def _schedule(cfg: TrainConfig, total: int, steps_per_epoch: int = 1):
     if cfg.schedule == "epochs":
         every = cfg.lr_decay_epochs * steps_per_epoch  # updates between two decays
         return _step_schedule(warmup, list(range(every, total, every)), cfg.lr_gamma, cfg.warmup_factor)
-    return _linear_schedule(warmup, total, cfg.warmup_factor)
+    ratio = cfg.warmup_iters / total if cfg.warmup_iters is not None else cfg.warmup_ratio
+    return _linear_schedule(ratio, total, cfg.warmup_factor)
 
 
-def _warmup(step: int, warmup: float, start: float) -> float:
-    alpha = step / warmup
-    return start * (1 - alpha) + alpha  # start 0 gives step / warmup exactly
+def _warmup(alpha: float, start: float) -> float:
+    """The warm-up's factor at the fraction `alpha` of it, rising linearly from `start` to 1."""
+    return start * (1 - alpha) + alpha  # start 0 gives alpha exactly
 
 
-def _linear_schedule(warmup: float, total: int, warmup_factor: float = 0.0):
+def _linear_schedule(ratio: float, total: int, warmup_factor: float = 0.0):
+    """The release's warmup_linear of the progress x = step / total, written as it computes it (so the
+    rates have its bits): x / ratio during the warm-up, then (x - 1) / (ratio - 1) down to 0."""
+
     def factor(step: int) -> float:
-        if step < warmup:
-            return _warmup(step, warmup, warmup_factor)
-        return max(0.0, (total - step) / max(1, total - warmup))
+        x = step / total
+        if x < ratio:
+            return _warmup(x / ratio, warmup_factor)
+        return max((x - 1.0) / (ratio - 1.0), 0.0) if ratio < 1 else 0.0
 
     return factor
 
@@ -726,7 +738,7 @@ def _step_schedule(warmup: float, steps: list[int], gamma: float, warmup_factor:
     milestones = list(steps)
 
     def factor(step: int) -> float:
-        rise = _warmup(step, warmup, warmup_factor) if step < warmup else 1.0
+        rise = _warmup(step / warmup, warmup_factor) if step < warmup else 1.0
         return rise * gamma ** bisect.bisect_right(milestones, step)
 
     return factor

@@ -3,12 +3,13 @@ it on, the one-line fallback, and the loss check the step no longer waits for.
 
 torch.compile runs with the aot_eager backend here (the same traced forward and backward graphs, run by
 torch's own kernels): inductor's first compile of even the toy model takes over a minute on two shared
-cores. The GPU script (tests/benchmarks/gpu_train.sh) checks inductor against eager on CUDA."""
+cores. The GPU script (tests/benchmarks/gpu_all.py) checks inductor against eager on CUDA."""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -46,18 +47,64 @@ def test_the_setting_is_refused_by_name_and_read_from_yaml_booleans():
     ) as bad:
         TrainConfig(compile="sometimes")
     assert "\n" not in str(bad.value)
-    assert [apply_overrides(TrainConfig(), [f"compile={v}"]).compile for v in ("on", "off", "auto")] == [
-        "on",
-        "off",
-        "auto",
-    ]
-    with pytest.raises(ValueError, match=r"compile=1 is not one of \['auto', 'on', 'off'\]"):
+    settings = ("on", "off", "auto", "reduce-overhead")
+    assert [apply_overrides(TrainConfig(), [f"compile={v}"]).compile for v in settings] == list(settings)
+    with pytest.raises(ValueError, match=r"compile=1 is not one of \['auto', 'on', 'off', 'reduce-o"):
         apply_overrides(TrainConfig(), ["compile=1"])
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert [compiled.wants_compile(s, cpu) for s in ("auto", "on", "off")] == [False, True, False]
-    assert [compiled.wants_compile(s, cuda) for s in ("auto", "on", "off")] == [True, True, False]
+    assert [compiled.wants_compile(s, cpu) for s in settings] == [True, False, False, True]
+    assert [compiled.wants_compile(s, cuda) for s in settings] == [True, False, True, True]
     with pytest.raises(ValueError, match=r"^train\.compile='yes' must be one of"):
         compiled.wants_compile("yes", cpu)
+
+
+def test_reduce_overhead_asks_for_cuda_graphs_on_cuda_and_compiles_plainly_elsewhere(caplog):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [compiled.compile_mode(s, cuda) for s in ("on", "auto", "reduce-overhead")] == [
+        None,
+        None,
+        "reduce-overhead",
+    ]
+    with caplog.at_level(logging.WARNING):
+        assert compiled.compile_mode("reduce-overhead", cpu) is None
+        assert compiled.compile_mode("on", cpu) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "train.compile=reduce-overhead: CUDA graphs need a CUDA device; "
+        "compiling the step without them on cpu"
+    ]
+
+
+class _Uneven(_NoDropout):
+    """60 examples: batches of 8 leave 4 over in every epoch."""
+
+    def train_dataset(self):
+        return [(x, y) for x, y in zip(*_points(60), strict=True)]
+
+
+def _points(n: int):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    return list(x), list((x @ np.array([1.0, -2.0, 0.5, 3.0])).astype(np.float32))
+
+
+def test_a_compiled_run_compiles_once_though_the_set_is_not_a_whole_number_of_batches(tmp_path, monkeypatch):
+    """Every step's batch is full (the remainder waits for the next epoch's shuffle, as the release's
+    drop_last does): the step is traced and compiled once in three epochs and reduce-overhead's static
+    shapes hold."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(compiled, "BACKEND", counting)
+    fit(_Uneven(), _cfg(epochs=3, compile="reduce-overhead", log_every=7), tmp_path)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert rows[-1]["step"] == 21  # 7 full batches of 8 an epoch
+    assert len(graphs) == 1
+    shapes = {tuple(n.meta["example_value"].shape) for n in graphs[0].graph.nodes if n.op == "placeholder"}
+    assert (8, 4) in shapes
 
 
 @pytest.mark.slow  # ~10 s a family on two shared cores: dynamo traces the whole model
@@ -316,3 +363,117 @@ def test_compile_on_trains_the_tiny_pretraining_preset_and_resumes_exactly(tmp_p
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
     resumed = [r["loss"] for r in read_metrics(halves / "metrics.jsonl") if "loss" in r]
     assert resumed == [r["loss"] for r in rows]
+
+
+# ops that make the host wait for the device (a value read back, or an output whose size depends on data)
+_HOST_SYNCS = (
+    "aten._local_scalar_dense",
+    "aten.item",
+    "aten.nonzero",
+    "aten.masked_select",
+    "aten.unique",
+    "aten._unique",
+    "aten.unique_consecutive",
+    "aten.repeat_interleave",
+)
+
+
+def _census(graphs: list[torch.fx.GraphModule]) -> tuple[Counter, list[str]]:
+    """Every call in `graphs` by op name, and the calls that sync the host: those above, and indexing
+    with a boolean mask (its output size is the mask's count)."""
+    calls: Counter = Counter()
+    syncs = []
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            name = str(node.target)
+            calls[name] += 1
+            masks = (
+                [
+                    a
+                    for a in node.args[1] or []
+                    if isinstance(a, torch.fx.Node) and a.meta["val"].dtype == torch.bool
+                ]
+                if name.startswith(("aten.index.", "aten.index_put"))
+                else []
+            )
+            if name.startswith(_HOST_SYNCS) or masks:
+                syncs.append(name)
+    return calls, syncs
+
+
+def test_a_compiled_lxmert_pretraining_step_is_one_graph_without_host_syncs():
+    """The trainer's compiled step for LXMERT pre-training (dropout on, every loss): dynamo hands one
+    graph to the backend, breaks nowhere, and neither its forward nor its backward (as AOT autograd
+    splits them) holds an op that waits for the device."""
+    from torch._dynamo.utils import counters
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    model, batch = _pretraining("lxmert", "probs")
+    model.train()
+    dynamo_graphs: list[torch.fx.GraphModule] = []
+    aot_graphs: dict[str, list[torch.fx.GraphModule]] = {"forward": [], "backward": []}
+
+    def keep(kind: str):
+        def compiler(gm, example_inputs):
+            aot_graphs[kind].append(gm)
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    def census(gm, example_inputs):
+        dynamo_graphs.append(gm)
+        return aot_module_simplified(
+            gm, example_inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward")
+        )
+
+    torch._dynamo.reset()
+    counters.clear()
+    with static_layout():  # as the trainer runs a compiled step
+        out = torch.compile(model, backend=census)(**batch)
+        out.loss.backward()
+    assert len(dynamo_graphs) == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert len(aot_graphs["forward"]) == 1 and len(aot_graphs["backward"]) == 1
+    calls, syncs = _census(aot_graphs["forward"] + aot_graphs["backward"])
+    assert syncs == [], syncs
+    assert len(out.losses) >= 4 and sum(calls.values()) > 100  # the whole step is in the graphs
+    print(
+        f"compiled LXMERT pre-training step: 1 graph, 0 breaks, 0 host syncs; "
+        f"forward {sum(1 for n in aot_graphs['forward'][0].graph.nodes if n.op == 'call_function')} ops, "
+        f"backward {sum(1 for n in aot_graphs['backward'][0].graph.nodes if n.op == 'call_function')} ops"
+    )
+
+
+def test_the_census_sees_a_host_sync_and_a_graph_break():
+    """The census itself: a step that reads a value back breaks the graph; one that compacts by a mask is
+    a data-dependent op in the graph once dynamo is told to keep such ops."""
+    from torch._dynamo.utils import counters
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def census(gm, example_inputs):
+        def keep(g, inputs):
+            graphs.append(g)
+            return make_boxed_func(g.forward)
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep)
+
+    def masked_mean(x):
+        return x[x > 0].mean()
+
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        torch.compile(masked_mean, backend=census)(torch.randn(16))
+    assert _census(graphs)[1] != []
+
+    def reads_back(x):
+        return x * float(x.sum())
+
+    torch._dynamo.reset()
+    counters.clear()
+    graphs.clear()
+    torch.compile(reads_back, backend=census)(torch.randn(16))
+    assert counters["graph_break"]

@@ -8,13 +8,13 @@ import copy
 import pytest
 import torch
 
-from pipelines.engine import optimizers
+from pipelines.engine import optimizers, trainer
 from pipelines.engine.optimizers import OPTIMIZERS, BertAdam, build_optimizer
 
 
 def _reference_steps(p0, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
-    """The release's rule step by step, in float64: moments without bias correction, eps outside the
-    square root, weight decay added to the update before the learning rate."""
+    """The release's rule step by step, in float64: the gradient clipped to norm 1, moments without bias
+    correction, eps outside the square root, weight decay added to the update before the learning rate."""
     p, m, v = (
         p0.double().clone(),
         torch.zeros_like(p0, dtype=torch.float64),
@@ -23,6 +23,7 @@ def _reference_steps(p0, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
     out = []
     for g, step_lr in zip(grads, lr, strict=True):
         g = g.double()
+        g = g * min(1.0, 1.0 / (float(g.norm()) + 1e-6))  # the parameter's own gradient clipped to norm 1
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         p = p - step_lr * (m / (v.sqrt() + eps) + wd * p)
@@ -99,51 +100,87 @@ def test_sgd_steps_with_momentum_and_l2_decay():
         assert param.item() == pytest.approx(want, rel=1e-12, abs=1e-12)
 
 
-def _per_parameter_bertadam_step(params, states, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
-    """The update one parameter at a time, as BertAdam stepped before its list form: the same bits."""
+def _release_warmup_linear(x: float, warmup: float) -> float:
+    if x < warmup:
+        return x / warmup
+    return max((x - 1.0) / (warmup - 1.0), 0.0)
+
+
+def _release_bertadam_step(params, states, lr, t_total, warmup, wd, b1=0.9, b2=0.999, e=1e-6, max_norm=1.0):
+    """pytorch-pretrained-bert 0.6.2's BertAdam.step for one group, transcribed expression by expression
+    (its deprecated `add_(scalar, tensor)` forms in today's spelling): one parameter at a time, its own
+    gradient clipped, the schedule's rate from its own step count."""
     for p in params:
         if p.grad is None:
             continue
-        state = states.setdefault(p, {"m": torch.zeros_like(p), "v": torch.zeros_like(p)})
-        m, v = state["m"], state["v"]
-        m.mul_(b1).add_(p.grad, alpha=1 - b1)
-        v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-        update = m / (v.sqrt() + eps)
-        if wd > 0:
-            update.add_(p, alpha=wd)
-        p.add_(update, alpha=-lr)
+        grad = p.grad.data
+        if p not in states:
+            states[p] = {"step": 0, "next_m": torch.zeros_like(p), "next_v": torch.zeros_like(p)}
+        state = states[p]
+        next_m, next_v = state["next_m"], state["next_v"]
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(p, max_norm)
+        next_m.mul_(b1).add_(grad, alpha=1 - b1)
+        next_v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        update = next_m / (next_v.sqrt() + e)
+        if wd > 0.0:
+            update += wd * p.data
+        lr_scheduled = lr * _release_warmup_linear(state["step"] / t_total, warmup)
+        update_with_lr = lr_scheduled * update
+        p.data.add_(-update_with_lr)
+        state["step"] += 1
 
 
-@pytest.mark.parametrize("chunk", [2**24, 40])
-def test_bertadam_list_update_is_bitwise_the_per_parameter_one(monkeypatch, chunk):
-    """Two groups (one without decay), parameters of several shapes, one without a gradient; chunk 40
-    splits the lists (the 7 x 9 matrix is a chunk of its own)."""
+@pytest.mark.parametrize(("chunk", "max_norm"), [(2**24, 1.0), (40, 1.0), (2**24, 0.0)])
+def test_bertadam_is_bitwise_the_release_over_50_steps(monkeypatch, chunk, max_norm):
+    """Through the trainer's warm-up-linear scheduler, as a run steps it: two groups (one without decay),
+    several shapes, one parameter without a gradient, gradients from 1e-4 to 10 (so some are clipped);
+    chunk 40 splits the lists (the 7 x 9 matrix is a chunk of its own)."""
     monkeypatch.setattr(optimizers, "FOREACH_CHUNK", chunk)
+    steps, warmup, lr = 50, 0.1, 1e-3
     gen = torch.Generator().manual_seed(2)
-    shapes = [(7, 9), (9,), (3, 4, 5), (1,), (30,), (2, 2)]
+    shapes = [(7, 9), (9,), (3, 4, 5), (1,), (30,), (2, 2), (64, 16)]
     start = [torch.randn(s, generator=gen) for s in shapes]
     ours = [torch.nn.Parameter(t.clone()) for t in start]
     theirs = [torch.nn.Parameter(t.clone()) for t in start]
-    opt = BertAdam([{"params": ours[:4]}, {"params": ours[4:], "weight_decay": 0.0}], lr=1e-3)
+    groups = [{"params": ours[:4]}, {"params": ours[4:], "weight_decay": 0.0}]
+    opt = BertAdam(groups, lr=lr, weight_decay=0.01, max_grad_norm=max_norm)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        opt, trainer._schedule(trainer.TrainConfig(warmup_ratio=warmup), steps)
+    )
     states: dict = {}
-    for lr in (1e-3, 3e-3, 5e-4):
+    clipped = 0
+    for _ in range(steps):
         grads = [
             torch.randn(s, generator=gen) * 10 ** float(torch.randint(-4, 2, (), generator=gen))
             for s in shapes
         ]
         grads[3] = None
-        for p, q, g in zip(ours, theirs, grads, strict=True):
-            p.grad = q.grad = None if g is None else g.clone()
-        for group in opt.param_groups:
-            group["lr"] = lr
+        clipped += sum(g is not None and float(g.norm()) > 1.0 for g in grads)
+        for p, q, g in zip(ours, theirs, grads, strict=True):  # each its own: clipping writes to it
+            p.grad, q.grad = (None, None) if g is None else (g.clone(), g.clone())
         opt.step()
+        scheduler.step()
         with torch.no_grad():
-            _per_parameter_bertadam_step(theirs[:4], states, lr, 0.01)
-            _per_parameter_bertadam_step(theirs[4:], states, lr, 0.0)
-    for p, q in zip(ours, theirs, strict=True):
-        assert torch.equal(p, q)
+            _release_bertadam_step(theirs[:4], states, lr, steps, warmup, 0.01, max_norm=max_norm)
+            _release_bertadam_step(theirs[4:], states, lr, steps, warmup, 0.0, max_norm=max_norm)
+        drift = [float((p - q).detach().abs().max()) for p, q in zip(ours, theirs, strict=True)]
+        assert max(drift) == 0.0, (len(states), drift)
+    assert clipped > 20 and not torch.equal(ours[0], start[0])
     assert torch.equal(ours[3], start[3]) and ours[3] not in opt.state
-    assert [float(opt.state[p]["step"]) for p in ours if p.grad is not None] == [3.0] * 5
+    assert [float(opt.state[p]["step"]) for p in ours if p.grad is not None] == [50.0] * 6
+
+
+def test_an_optimizer_state_saved_without_max_grad_norm_loads_with_the_release_default():
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.full((3,), 2.0)
+    opt = BertAdam([param], lr=0.1)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    del saved["param_groups"][0]["max_grad_norm"]
+    fresh = BertAdam([torch.nn.Parameter(torch.ones(3))], lr=0.1, max_grad_norm=5.0)
+    fresh.load_state_dict(saved)
+    assert fresh.param_groups[0]["max_grad_norm"] == optimizers.BERTADAM_MAX_GRAD_NORM == 1.0
 
 
 def test_adamw_is_fused_when_asked():
