@@ -8,9 +8,10 @@ from collections.abc import Iterable
 import torch
 
 BERTADAM_EPS = 1e-6  # the release's default `e`
-# the release clips every parameter's gradient to this norm on its own (<= 0: no clipping), after and
-# besides the trainer's clip of all gradients together (train.clip_norm)
-BERTADAM_MAX_GRAD_NORM = 1.0
+# pytorch-pretrained-bert's BertAdam clips every parameter's gradient to a norm of its own (its default 1.0),
+# after and besides the trainer's clip of all gradients together (train.clip_norm); LXMERT's copy of it
+# (src/lxrt/optimization.py) leaves that clip out, as the gradient "is clipped outside": 0 (<= 0: none)
+BERTADAM_MAX_GRAD_NORM = 0.0
 ADAMW_EPS = 1e-8  # torch's default
 SGD_MOMENTUM = 0.9  # detectron2's SOLVER.MOMENTUM
 # BertAdam updates this many elements per list operation: its two temporaries (sqrt(v) + eps and the
@@ -20,9 +21,10 @@ OPTIMIZERS = ("bertadam", "adamw", "sgd")
 
 
 class BertAdam(torch.optim.Optimizer):
-    """Adam as the LXMERT release's `BertAdam` (pytorch-pretrained-bert's) steps: each parameter's gradient
-    clipped to norm `max_grad_norm` on its own, no bias correction, epsilon added to sqrt(v), and weight
-    decay added to the update (decoupled from the moments) before it is scaled by the learning rate:
+    """Adam as the LXMERT release's `BertAdam` (pytorch-pretrained-bert's) steps: no bias correction,
+    epsilon added to sqrt(v), and weight decay added to the update (decoupled from the moments) before it is
+    scaled by the learning rate; with `max_grad_norm` > 0 (pytorch-pretrained-bert's 1.0; LXMERT's copy has
+    none) each parameter's gradient is first clipped to that norm on its own:
 
         m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  p <- p - lr (m / (sqrt(v) + eps) + wd p)
 
@@ -49,7 +51,7 @@ class BertAdam(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        for group in self.param_groups:  # a state saved before the setting existed: the release's default
+        for group in self.param_groups:  # a state saved before the setting existed: LXMERT's (no clip)
             group.setdefault("max_grad_norm", BERTADAM_MAX_GRAD_NORM)
 
     @torch.no_grad()

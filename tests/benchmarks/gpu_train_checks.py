@@ -36,13 +36,14 @@ DEVICE = torch.device("cuda")
 
 def bertadam_bits() -> dict:
     """The list update on CUDA against pytorch-pretrained-bert's BertAdam step written out one parameter at
-    a time (its own gradient clipped to norm 1, `update += wd * p`, `p.add_(-(lr * update))`)."""
+    a time (its own gradient clipped to norm 1, `update += wd * p`, `p.add_(-(lr * update))`); ours with
+    pytorch-pretrained-bert's `max_grad_norm` 1.0 (LXMERT's copy, our default, has no such clip)."""
     gen = torch.Generator().manual_seed(0)
     shapes = [(768, 768), (768,), (30522, 64), (3, 5)]
     start = [torch.randn(s, generator=gen).to(DEVICE) for s in shapes]
     ours = [torch.nn.Parameter(t.clone()) for t in start]
     theirs = [torch.nn.Parameter(t.clone()) for t in start]
-    opt = BertAdam(ours, lr=1e-3)
+    opt = BertAdam(ours, lr=1e-3, max_grad_norm=1.0)
     m = [torch.zeros_like(t) for t in theirs]
     v = [torch.zeros_like(t) for t in theirs]
     for lr in (1e-3, 2e-3, 5e-4, 1e-3, 3e-4):

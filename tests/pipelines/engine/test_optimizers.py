@@ -13,8 +13,8 @@ from pipelines.engine.optimizers import OPTIMIZERS, BertAdam, build_optimizer
 
 
 def _reference_steps(p0, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
-    """The release's rule step by step, in float64: the gradient clipped to norm 1, moments without bias
-    correction, eps outside the square root, weight decay added to the update before the learning rate."""
+    """LXMERT's rule step by step, in float64: moments without bias correction, eps outside the square root,
+    weight decay added to the update before the learning rate, no clip of a parameter's own gradient."""
     p, m, v = (
         p0.double().clone(),
         torch.zeros_like(p0, dtype=torch.float64),
@@ -23,7 +23,6 @@ def _reference_steps(p0, grads, lr, wd, b1=0.9, b2=0.999, eps=1e-6):
     out = []
     for g, step_lr in zip(grads, lr, strict=True):
         g = g.double()
-        g = g * min(1.0, 1.0 / (float(g.norm()) + 1e-6))  # the parameter's own gradient clipped to norm 1
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         p = p - step_lr * (m / (v.sqrt() + eps) + wd * p)
@@ -131,11 +130,12 @@ def _release_bertadam_step(params, states, lr, t_total, warmup, wd, b1=0.9, b2=0
         state["step"] += 1
 
 
-@pytest.mark.parametrize(("chunk", "max_norm"), [(2**24, 1.0), (40, 1.0), (2**24, 0.0)])
+@pytest.mark.parametrize(("chunk", "max_norm"), [(2**24, 1.0), (40, 1.0), (2**24, None), (40, None)])
 def test_bertadam_is_bitwise_the_release_over_50_steps(monkeypatch, chunk, max_norm):
     """Through the trainer's warm-up-linear scheduler, as a run steps it: two groups (one without decay),
     several shapes, one parameter without a gradient, gradients from 1e-4 to 10 (so some are clipped);
-    chunk 40 splits the lists (the 7 x 9 matrix is a chunk of its own)."""
+    chunk 40 splits the lists (the 7 x 9 matrix is a chunk of its own). max_norm 1.0 is
+    pytorch-pretrained-bert's per-parameter clip; None, the default, LXMERT's copy, which has none."""
     monkeypatch.setattr(optimizers, "FOREACH_CHUNK", chunk)
     steps, warmup, lr = 50, 0.1, 1e-3
     gen = torch.Generator().manual_seed(2)
@@ -144,7 +144,10 @@ def test_bertadam_is_bitwise_the_release_over_50_steps(monkeypatch, chunk, max_n
     ours = [torch.nn.Parameter(t.clone()) for t in start]
     theirs = [torch.nn.Parameter(t.clone()) for t in start]
     groups = [{"params": ours[:4]}, {"params": ours[4:], "weight_decay": 0.0}]
-    opt = BertAdam(groups, lr=lr, weight_decay=0.01, max_grad_norm=max_norm)
+    opt = BertAdam(
+        groups, lr=lr, weight_decay=0.01, **({} if max_norm is None else {"max_grad_norm": max_norm})
+    )
+    max_norm = max_norm or 0.0
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         opt, trainer._schedule(trainer.TrainConfig(warmup_ratio=warmup), steps)
     )
@@ -171,7 +174,7 @@ def test_bertadam_is_bitwise_the_release_over_50_steps(monkeypatch, chunk, max_n
     assert [float(opt.state[p]["step"]) for p in ours if p.grad is not None] == [50.0] * 6
 
 
-def test_an_optimizer_state_saved_without_max_grad_norm_loads_with_the_release_default():
+def test_an_optimizer_state_saved_without_max_grad_norm_loads_without_a_per_parameter_clip():
     param = torch.nn.Parameter(torch.ones(3))
     param.grad = torch.full((3,), 2.0)
     opt = BertAdam([param], lr=0.1)
@@ -180,7 +183,7 @@ def test_an_optimizer_state_saved_without_max_grad_norm_loads_with_the_release_d
     del saved["param_groups"][0]["max_grad_norm"]
     fresh = BertAdam([torch.nn.Parameter(torch.ones(3))], lr=0.1, max_grad_norm=5.0)
     fresh.load_state_dict(saved)
-    assert fresh.param_groups[0]["max_grad_norm"] == optimizers.BERTADAM_MAX_GRAD_NORM == 1.0
+    assert fresh.param_groups[0]["max_grad_norm"] == optimizers.BERTADAM_MAX_GRAD_NORM == 0.0
 
 
 def test_adamw_is_fused_when_asked():
