@@ -10,6 +10,7 @@ from pathlib import Path
 
 from storage import codec
 from storage.btree import BrokenPage
+from storage.environment import DATA_FILE
 from storage.errors import CorruptRecordError, StoreError
 from storage.reader import FeatureReader
 from storage.shards import expand
@@ -43,7 +44,9 @@ def merge_stores(
     `first_wins`. `dst` may be a previous, interrupted merge: the records it already holds are kept. A
     damaged source stops the merge unless `salvage`: then what it still holds is copied, and its broken
     pages and the records failing their checksum are logged and left out (re-extract those: extraction
-    skips stored ids). A shard set (storage.shards) among `srcs` stands for its shards."""
+    skips stored ids). A shard set (storage.shards) among `srcs` stands for its shards. `dst` must
+    not be a source: that is refused before anything is opened for writing."""
+    _refuse_source_as_destination(srcs, dst)
     for src in srcs:
         FeatureReader(src).shards  # noqa: B018  (a set's shards made differently are refused, by name)
     srcs = expand(srcs)[0]
@@ -113,6 +116,30 @@ def merge_stores(
             log.info("%s: merged, %d records written so far", source, written)
             reader.close()
     return Merged(written, [*broken.values(), *corrupt])
+
+
+def _refuse_source_as_destination(srcs: Sequence[str | os.PathLike], dst: str | os.PathLike) -> None:
+    """Refuse a `dst` that is one of `srcs`, one of their shards, or their data file under another name
+    (a link, a bind mount): same device and inode, so links and `..` cannot hide it."""
+    dst = Path(dst)
+    if not dst.exists():
+        return
+    data = dst / DATA_FILE
+    for src in dict.fromkeys([*map(Path, srcs), *expand(srcs)[0]]):
+        same = _same_file(src, dst) or (data.exists() and _same_file(src / DATA_FILE, data))
+        if same:
+            how = "" if dst.resolve() == src.resolve() else f" (it resolves to {dst.resolve()})"
+            raise StoreError(
+                f"cannot merge into {dst}: it is the source {src}{how}, and a source is never written; "
+                "give a new destination path"
+            )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 # provenance entries that may differ between sources made the same way
