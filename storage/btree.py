@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import BinaryIO
 
 PAGE_HEADER = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper (overflow pages: u32 page count)
 NODE_HEADER = struct.Struct("<HHHH")  # lo, hi, flags, key size
@@ -54,17 +55,23 @@ class BrokenPage:
 
 @dataclass
 class TreeWalk:
-    """What a walk found: the intact keys in order and the broken pages."""
+    """What a walk found: the intact keys in order and the broken pages; with `locate`, where each key's
+    value lies in the file as (byte offset, length), beside `keys`."""
 
     keys: list[bytes] = field(default_factory=list)
     broken: list[BrokenPage] = field(default_factory=list)
+    where: list[tuple[int, int]] = field(default_factory=list)
 
 
-def walk_records(data: Path, db_name: bytes, txnid: int | None = None, values: bool = False) -> TreeWalk:
+def walk_records(
+    data: Path, db_name: bytes, txnid: int | None = None, values: bool = False, locate: bool = False
+) -> TreeWalk:
     """Walk the named database `db_name` of `data` (a data.mdb) as of transaction `txnid` (default: the
-    last committed), checking every branch and leaf page, and with `values` every value's first page."""
+    last committed), checking every branch and leaf page, and with `values` every value's first page;
+    `locate` also records where each value lies (for `read_value`, which needs no lmdb and no map)."""
     with open(data, "rb") as f:
         pages = _Pages(f.fileno(), txnid, values)
+        pages.locate = locate
         walk = TreeWalk()
         main = pages.main_root()
         root = pages.named_root(main, db_name, walk) if main != P_INVALID else None
@@ -73,13 +80,28 @@ def walk_records(data: Path, db_name: bytes, txnid: int | None = None, values: b
         return walk
 
 
+def transactions(data: Path) -> list[int]:
+    """The transaction ids of `data`'s two meta pages, newest first: the snapshots a walk can start from."""
+    with open(data, "rb") as f:
+        pages = _Pages(f.fileno(), None, False)
+        return sorted({pages.txnids[0], pages.txnids[1]}, reverse=True)
+
+
+def read_value(f: BinaryIO, where: tuple[int, int]) -> bytes:
+    """The value a located walk found at `where` in the open data file `f`, with one plain read."""
+    offset, size = where
+    return os.pread(f.fileno(), size, offset)
+
+
 class _Pages:
     def __init__(self, fd: int, txnid: int | None, values: bool) -> None:
         self.fd = fd
         self.values = values
+        self.locate = False
         metas = [self._meta(0, 4096)]
         self.psize = metas[0][0]
         metas.append(self._meta(1, self.psize))
+        self.txnids = [m[3] for m in metas]
         chosen = [m for m in metas if m[3] == txnid] or metas
         _, self.main, last_pg, _ = max(chosen, key=lambda m: m[3])
         # the file may be shorter than its meta page says: no page past its end is ever touched
@@ -191,6 +213,10 @@ class _Pages:
                 if page is None:
                     walk.broken.append(BrokenPage(first, key, key, f"value page {first} {why}"))
                     continue
+                if self.locate:
+                    walk.where.append((first * self.psize + PAGE_HEADER.size, size))
+            elif self.locate:
+                walk.where.append((pgno * self.psize + data, size))
             walk.keys.append(key)
 
 

@@ -22,7 +22,10 @@ def sample_keys(keys: Sequence[bytes], samples: int = SAMPLES) -> list[bytes]:
 
 
 Claims = Callable[[bytes, bytes, dict], list[tuple[str, bool, str]]]
-REGION_REMEDY = "run `xmodal features verify {path}`, then re-extract or re-import it"
+REGION_REMEDY = (
+    "run `xmodal features verify {path}`, then re-extract or re-import it, or copy its records with "
+    "`xmodal features merge --salvage {path} NEW`"
+)
 
 
 def region_claims(value: bytes, key: bytes, meta: dict) -> list[tuple[str, bool, str]]:

@@ -120,8 +120,8 @@ def _check_length(env: lmdb.Environment, data: Path) -> None:
     if size < needed:
         raise StoreDamagedError(
             f"store {data.parent} is truncated: {data} holds {size} bytes but its last committed page ends "
-            f"at byte {needed} (a copy or a disk that ran out of space?); restore it from a complete copy "
-            "or re-extract it"
+            f"at byte {needed} (a copy or a disk that ran out of space?); restore it from a complete copy, "
+            f"or copy the records it still holds with `xmodal features merge --salvage {data.parent} NEW`"
         )
 
 

@@ -17,3 +17,13 @@ class CorruptRecordError(StoreError, ValueError):
 
 class BadInputError(StoreError, ValueError):
     """A line or row of an import source is malformed; names the source, the line or row and the id."""
+
+
+class DroppedInput(BadInputError):
+    """Something an import source holds that no record carries (ids naming no row, label datasets it
+    lacks): said in the summary, or refused with `strict`. `count`: how many ids, `what`: of what."""
+
+    def __init__(self, message: str, count: int = 0, what: str = ""):
+        super().__init__(message)
+        self.count = count
+        self.what = what

@@ -13,7 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from storage.errors import BadInputError, StoreFormatError
+from storage.errors import BadInputError, DroppedInput, StoreFormatError
 from storage.file_checks import regular_file
 from storage.metadata import MAX_BOXES, MAX_FEATURE_DIM
 from storage.reader import FeatureReader
@@ -47,7 +47,7 @@ def read_hdf5(
                 log.warning("%s: --ids %s ignored: an xmodal HDF5 export carries its own ids", path, ids)
             yield from _read_xmodal(f, path)
         elif "image_features" in f and "image_bb" in f:
-            yield from _read_butd(f, path, _row_ids(path, ids, f))
+            yield from _read_butd(f, path, *_row_ids(path, ids, f))
         else:
             raise BadInputError(
                 f"{path}: neither an xmodal HDF5 export nor the bottom-up-attention-vqa layout "
@@ -251,9 +251,11 @@ def _read_xmodal(f: h5py.File, path: Path) -> Iterator[tuple[str, RegionFeatures
 
 
 def _read_butd(
-    f: h5py.File, path: Path, row_ids: dict[int, str]
+    f: h5py.File, path: Path, row_ids: dict[int, str], id_map: Path
 ) -> Iterator[tuple[str, RegionFeatures | BadInputError]]:
-    """Rows of image_features (N, boxes, D) or, in the adaptive variant, flat (total, D) with pos_boxes."""
+    """Rows of image_features (N, boxes, D) or, in the adaptive variant, flat (total, D) with pos_boxes;
+    first, what the file and its id map (`id_map`) hold that no record will: ids of rows the file lacks,
+    and the detector labels this layout has no datasets for."""
     if "spatial_features" not in f:
         raise BadInputError(f"{path}: no spatial_features dataset: the image sizes cannot be recovered")
     pos = _spans(f, path) if "pos_boxes" in f else None
@@ -269,6 +271,27 @@ def _read_butd(
     width = MAX_BOXES if pos is not None else _width(feats, path)
     step = _block(width * _feature_dim(feats, path) * feats.dtype.itemsize)
     rows = len(pos) if pos is not None else len(feats)
+    beyond = sorted((row, img_id) for row, img_id in row_ids.items() if not 0 <= row < rows)
+    if beyond:
+        shown = ", ".join(f"{img_id!r} (row {row})" for row, img_id in beyond[:3])
+        more = f" and {len(beyond) - 3} more" if len(beyond) > 3 else ""
+        yield (
+            str(id_map),
+            DroppedInput(
+                f"{id_map} names {len(beyond)} ids for rows {path} does not have (it has {rows}): "
+                f"{shown}{more}; they are not imported",
+                len(beyond),
+                "ids without rows",
+            ),
+        )
+    missing = [name for name in _LABEL_FIELDS if name not in f]
+    why = f"has no {', '.join(missing)} datasets" if missing else "holds labels this layout does not read"
+    yield (
+        str(path),
+        DroppedInput(
+            f"{path} {why}: its records are stored without detector labels (unknown, at confidence 0)"
+        ),
+    )
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         if pos is None:
@@ -313,7 +336,7 @@ def _image_size(boxes: np.ndarray, spatial: np.ndarray) -> tuple[int, int] | Non
     return int(round(heights[ih] / spatial[ih, 5])), int(round(widths[iw] / spatial[iw, 4]))
 
 
-def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> dict[int, str]:
+def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> tuple[dict[int, str], Path]:
     """Row -> image id from a JSON {id: row} or [id, ...], or a text file with one id per line."""
     if ids is None:
         stem = path.with_suffix("")
@@ -341,7 +364,7 @@ def _row_ids(path: Path, ids: str | os.PathLike | None, f: h5py.File) -> dict[in
             "that with --ids"
         )
     try:
-        return _read_row_ids(ids)
+        return _read_row_ids(ids), ids
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInputError(
             f"{ids}: not a JSON {{id: row}} map, a JSON list or a text file of ids ({exc})"

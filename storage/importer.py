@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from storage.errors import BadInputError
+from storage.errors import BadInputError, DroppedInput
 from storage.records import RegionFeatures
 from storage.writer import DEFAULT_FEATURE_DIM, FeatureWriter
 
@@ -26,6 +26,18 @@ class ImportReport:
     already_present: int = 0  # ids the store held before this run (a rerun resumes)
     unlabelled: int = 0  # records written without detector labels (UNKNOWN_LABEL ids)
     bad: list[str] = field(default_factory=list)  # one message per skipped line or row
+    dropped: list[DroppedInput] = field(default_factory=list)  # what the source holds that no record has
+
+    def summary(self, dst: str | os.PathLike) -> str:
+        """One line: what was written, and what of the source was not."""
+        line = (
+            f"{dst}: {self.written} records written, {self.already_present} already present, "
+            f"{len(self.bad)} bad skipped"
+        )
+        line += "".join(f", {note.count} {note.what}" for note in self.dropped if note.count)
+        if self.unlabelled:
+            line += f", {self.unlabelled} written without detector labels (stored as unknown)"
+        return line
 
 
 def import_records(
@@ -39,9 +51,12 @@ def import_records(
     replace: bool = False,
     provenance: dict | None = None,
     source_provenance: dict | None = None,
+    strict: bool = False,
 ) -> ImportReport:
     """`items` are (where, record or the error found at `where`). Stops at the first bad item unless
-    `skip_bad`; records written before a stop stay committed, and a rerun skips them. Without
+    `skip_bad`; records written before a stop stay committed, and a rerun skips them. What the source
+    holds that no record carries (storage.errors.DroppedInput: ids naming no row, missing label datasets)
+    is logged and kept in the report, or with `strict` refused (readers say it before any record). Without
     `feature_dim` the width is the first record with boxes' (zero-box records before it wait).
     `provenance` describes the import (under `imported_from`); `source_provenance`, what produced the
     features (an xmodal export's detector and configs), joins the store's own keys it does not have yet."""
@@ -80,6 +95,14 @@ def import_records(
 
     try:
         for where, item in items:
+            if isinstance(item, DroppedInput):
+                if strict:
+                    raise BadInputError(
+                        f"{item}; refused (--strict): fix the input, or import without --strict"
+                    )
+                log.warning("%s", item)
+                report.dropped.append(item)
+                continue
             if isinstance(item, BadInputError):
                 bad(item)
                 continue

@@ -11,8 +11,11 @@ from pathlib import Path
 
 from storage import codec
 from storage.btree import BrokenPage
+from storage.environment import StoreDamagedError
 from storage.errors import CorruptRecordError
 from storage.reader import FeatureReader
+from storage.salvage import salvage
+from storage.shards import expand
 from storage.validate import RecordLimits, problem
 
 log = logging.getLogger(__name__)
@@ -34,14 +37,20 @@ def verify(
     paths: str | os.PathLike | Sequence[str | os.PathLike], progress_every: int = 10000, deep: bool = False
 ) -> VerifyReport:
     """Check every page and record of one store or several shards; never raises on a bad record or a
-    broken page, reports it. `deep` also checks each record's values (storage.validate)."""
-    reader = FeatureReader(paths, check_contents=False)
+    broken page, reports it. `deep` also checks each record's values (storage.validate). A store lmdb
+    refuses to open (a data file cut short) is walked with plain file reads instead (storage.salvage), so
+    the records it still holds, and the ones it lost, are listed all the same."""
+    try:
+        reader = FeatureReader(paths, check_contents=False)
+        shards = reader.shards
+    except StoreDamagedError as exc:
+        return _verify_salvaged(paths, exc, progress_every, deep)
     report = VerifyReport()
     # the line every other command stops on, then the records that disagree (listed below)
-    report.problems.extend(shard.lie for shard in reader.shards if shard.lie is not None)
+    report.problems.extend(shard.lie for shard in shards if shard.lie is not None)
     counted: dict[str, int] = {}
-    limits = [RecordLimits.from_meta(shard.meta) for shard in reader.shards]
-    index_of = {str(shard.path): i for i, shard in enumerate(reader.shards)}
+    limits = [RecordLimits.from_meta(shard.meta) for shard in shards]
+    index_of = {str(shard.path): i for i, shard in enumerate(shards)}
 
     def on_damage(store: Path, page: BrokenPage) -> None:
         if str(store) not in report.damaged:
@@ -50,25 +59,9 @@ def verify(
 
     for shard, key, value in reader.items_encoded(on_damage=on_damage):
         counted[str(shard.path)] = counted.get(str(shard.path), 0) + 1
-        img_id = key.decode("utf-8", "replace")
-        try:
-            codec.check(value, key)
-            dtype, _, n, d, *_ = codec.read_header(value, key)
-            meta = shard.meta
-            if d != meta["feature_dim"] or dtype.name != meta["dtype"] or n > meta["max_boxes"]:
-                raise CorruptRecordError(
-                    f"{n} boxes of {d}-d {dtype.name} features in a store of {meta['max_boxes']} boxes of "
-                    f"{meta['feature_dim']}-d {meta['dtype']}"
-                )
-            reason = problem(codec.decode(value, key), limits[index_of[str(shard.path)]]) if deep else None
-            if reason is not None:
-                report.bad.append((img_id, f"unusable values: {reason}"))
-        except CorruptRecordError as exc:
-            report.bad.append((img_id, str(exc)))
-        report.checked += 1
-        if progress_every and report.checked % progress_every == 0:
-            log.info("verified %d records, %d bad", report.checked, len(report.bad))
-    for shard in reader.shards:
+        index = index_of[str(shard.path)]
+        _check_record(report, key, value, shard.meta, limits[index] if deep else None, progress_every)
+    for shard in shards:
         found = counted.get(str(shard.path), 0)
         if shard.meta["count"] != found:
             lost = " (the rest sit on broken pages)" if str(shard.path) in report.damaged else ""
@@ -77,3 +70,56 @@ def verify(
             )
     reader.close()
     return report
+
+
+def _verify_salvaged(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    refused: StoreDamagedError,
+    progress_every: int,
+    deep: bool,
+) -> VerifyReport:
+    """`verify` with plain file reads: what `xmodal features merge --salvage` would copy, and what not.
+    `refused` (why lmdb could not open them) comes first, or is raised when a store cannot be read even
+    so (no metadata record left)."""
+    report = VerifyReport(problems=[str(refused)])
+    for path in expand([paths] if isinstance(paths, (str, os.PathLike)) else paths)[0]:
+        try:
+            store = salvage(path)
+        except StoreDamagedError:
+            raise refused from None
+        if store.broken:
+            report.damaged.append(str(path))
+        report.problems.extend(f"{path}: {page.span} cannot be read: {page.reason}" for page in store.broken)
+        report.problems.extend(store.problems)
+        limits = RecordLimits.from_meta(store.meta) if deep else None
+        for key, value in store.items():
+            _check_record(report, key, value, store.meta, limits, progress_every)
+    return report
+
+
+def _check_record(
+    report: VerifyReport,
+    key: bytes,
+    value: bytes,
+    meta: dict,
+    limits: RecordLimits | None,
+    progress_every: int,
+) -> None:
+    """Check one stored value (and with `limits`, its values) into `report`."""
+    img_id = key.decode("utf-8", "replace")
+    try:
+        codec.check(value, key)
+        dtype, _, n, d, *_ = codec.read_header(value, key)
+        if d != meta["feature_dim"] or dtype.name != meta["dtype"] or n > meta["max_boxes"]:
+            raise CorruptRecordError(
+                f"{n} boxes of {d}-d {dtype.name} features in a store of {meta['max_boxes']} boxes of "
+                f"{meta['feature_dim']}-d {meta['dtype']}"
+            )
+        reason = problem(codec.decode(value, key), limits) if limits is not None else None
+        if reason is not None:
+            report.bad.append((img_id, f"unusable values: {reason}"))
+    except CorruptRecordError as exc:
+        report.bad.append((img_id, str(exc)))
+    report.checked += 1
+    if progress_every and report.checked % progress_every == 0:
+        log.info("verified %d records, %d bad", report.checked, len(report.bad))

@@ -134,6 +134,11 @@ def _add_import(sub) -> None:
     p.add_argument("--ids", help="HDF5 only: id -> row map, JSON {id: row} / [ids] or text (one id per line)")
     p.add_argument("--skip-bad", action="store_true", help="skip malformed lines/rows instead of stopping")
     p.add_argument("--replace", action="store_true", help="overwrite ids the store already holds")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a source holding what no record would carry (HDF5: ids of rows it lacks, no labels)",
+    )
     p.set_defaults(_action=_import)
 
 
@@ -161,11 +166,9 @@ def _import(args: argparse.Namespace) -> int:
         replace=args.replace,
         provenance={"format": fmt.name, **fmt.describe(args.src)},
         source_provenance=fmt.source_provenance(args.src),
+        strict=args.strict,
     )
-    print(
-        f"{args.dst}: {report.written} records written, {report.already_present} already present, "
-        f"{len(report.bad)} bad skipped"
-    )
+    print(report.summary(args.dst))
     return 0
 
 

@@ -423,16 +423,23 @@ def _sample(args: argparse.Namespace) -> int:
 
     from extraction.weights import CheckpointError
     from pipelines.apps.generate.rerank import rank, rerank_scores
-    from pipelines.apps.generate.sample import SampleSettings, decode, prompt_cut, sample_tokens, write_images
+    from pipelines.apps.generate.sample import (
+        SampleSettings,
+        decode,
+        prompt_cut,
+        prompt_unknown,
+        sample_tokens,
+        write_images,
+    )
     from pipelines.data.captions import CaptionDataError
     from pipelines.tasks.text_to_image import TextToImageModel
 
     try:
         settings = SampleSettings(args.n, args.top_k, args.top_p, args.temperature, args.seed, args.guidance)
         model = TextToImageModel.load(args.checkpoint)
-        cut = prompt_cut(model, args.prompt)
-        if cut:
-            print(f"xmodal generate sample: warning: {cut}", file=sys.stderr)
+        for note in (prompt_unknown(model, args.prompt), prompt_cut(model, args.prompt)):
+            if note:
+                print(f"xmodal generate sample: warning: {note}", file=sys.stderr)
         judge, reranker = load_judge(args)
         tokens = sample_tokens(model, args.prompt, settings)
         scores = rerank_scores(model, args.prompt, tokens, args.rerank, args.contrast, judge)

@@ -73,6 +73,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"seconds before a request gets 504 (default: {d.timeout_s:g})",
     )
     parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout_s,
+        help="seconds a client has to send a whole request, headers and body, from its first byte; a "
+        f"slower one gets 408 and is disconnected (default: {d.request_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help=f"connections held at once, slow clients included; more get 503 (default: {d.max_connections})",
+    )
+    parser.add_argument(
         "--max-upload-mb",
         type=float,
         default=d.max_upload_mb,
@@ -93,11 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from pipelines.apps.serve import backend as models
     from pipelines.apps.serve.app import create_app
     from pipelines.apps.serve.config import ServeConfig
+    from pipelines.apps.serve.http_server import make_server
 
     try:
         config = ServeConfig(
@@ -107,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
             max_wait_ms=args.max_wait_ms,
             max_pending=args.max_pending,
             timeout_s=args.timeout,
+            request_timeout_s=args.request_timeout,
+            max_connections=args.max_connections,
             max_upload_mb=args.max_upload_mb,
             max_decode_mb=args.max_decode_mb,
             top_k=args.top_k,
@@ -128,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if not _is_loopback(config.host):
         log.warning("listening on %s: anyone who can reach this address can use the server", config.host)
     log.info("open http://%s:%d/ in a browser", config.host, config.port)
-    uvicorn.run(create_app(backend, config), host=config.host, port=config.port, log_level="info")
+    make_server(create_app(backend, config), config).run()
     return 0
 
 

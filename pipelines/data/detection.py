@@ -467,9 +467,15 @@ def _vg_list(path: Path, what: str) -> list[dict]:
 def _vg_sizes(path: Path) -> dict[int, tuple[int, int]]:
     """image_data.json: image id -> (width, height)."""
     sizes = {}
+    rows: dict[int, int] = {}
     for n, row in enumerate(_vg_list(path, "image_data.json")):
         where = f"row {n}"
         image_id = _get(row, "image_id", int, path, where)
+        if image_id in rows:
+            raise ValueError(
+                f"{path}: rows {rows[image_id]} and {n} both describe image {image_id}; keep one of them"
+            )
+        rows[image_id] = n
         size = sizes[image_id] = (_get(row, "width", int, path, where), _get(row, "height", int, path, where))
         if min(size) <= 0:
             raise ValueError(f"{path}: image {image_id} is {size[0]}x{size[1]}; fix its width and height")
@@ -488,6 +494,16 @@ def _vg_attributes(path: Path) -> dict[tuple[int, int], list[str]]:
                 raise ValueError(f"{path}: {where} 'attributes' must be a list of strings; fix the file")
             out[(image_id, _get(obj, "object_id", int, path, where))] = raw
     return out
+
+
+def _inside(box: list[float], width: int, height: int) -> list[float] | None:
+    """VG's x, y, w, h clipped to the `width` x `height` image, or None when no area is left."""
+    x, y, w, h = box
+    x1, y1 = min(max(x, 0), width), min(max(y, 0), height)
+    x2, y2 = min(max(x + w, 0), width), min(max(y + h, 0), height)
+    if w <= 0 or h <= 0 or x2 <= x1 or y2 <= y1:
+        return None
+    return [x1, y1, x2 - x1, y2 - y1]
 
 
 def convert_visual_genome(
@@ -509,7 +525,9 @@ def convert_visual_genome(
     white"); any synonym on a vocab line maps to that line. Objects outside the object vocab are skipped,
     attributes outside the attribute vocab dropped, and images left with no object are not written.
     Category and attribute ids are vocab line + 1, so contiguous indices follow the vocab files; boxes
-    are VG's x, y, w, h as they are (the loader clips them).
+    are VG's x, y, w, h clipped to the image (counted), and a box with no area inside it (a width or
+    height of zero or less, or lying wholly outside) is skipped (counted). Two image_data rows for one
+    image are refused, naming both.
     """
     objects_json, out_json = Path(objects_json), Path(out_json)
     if out_json.exists() and not out_json.is_file():  # checked first: writing to a FIFO would hang
@@ -521,7 +539,16 @@ def convert_visual_genome(
     sizes = _vg_sizes(Path(image_data_json))
     object_attributes = _vg_attributes(Path(attributes_json))
     counts = dict.fromkeys(
-        ("images", "annotations", "unknown_object", "unknown_attribute", "images_without_objects"), 0
+        (
+            "images",
+            "annotations",
+            "unknown_object",
+            "unknown_attribute",
+            "images_without_objects",
+            "clipped_box",
+            "box_without_area",
+        ),
+        0,
     )
     images, annotations = [], []
     for n, row in enumerate(_vg_list(objects_json, "objects.json")):
@@ -546,6 +573,12 @@ def convert_visual_genome(
             box = [_get(obj, key, (int, float), objects_json, where) for key in ("x", "y", "w", "h")]
             if not all(math.isfinite(v) for v in box):
                 raise ValueError(f"{objects_json}: {where} box {box} holds a non-finite number; fix the file")
+            inside = _inside(box, *sizes[image_id])
+            if inside is None:
+                counts["box_without_area"] += 1
+                continue
+            counts["clipped_box"] += inside != box
+            box = inside
             kept.append(
                 {
                     "id": len(annotations) + len(kept) + 1,

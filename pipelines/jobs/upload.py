@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 import zipfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +218,7 @@ def plan_upload(
     }
     seen = 0
     names: Counter[tuple[int, int]] = Counter()  # hard links to each file found in the folder
+    unnamed: list[str] = []  # names a package cannot hold (not UTF-8)
 
     def kind_of(relative: str) -> str | None:
         return next((k for k, s in kinds.items() if s.match_file(relative)), None)
@@ -270,6 +270,9 @@ def plan_upload(
         if stat.S_ISDIR(info.st_mode):
             return
         relative = path.relative_to(root).as_posix()
+        if not _encodable(relative):
+            unnamed.append(relative)
+            return
         source = relative
         if stat.S_ISLNK(info.st_mode):  # a link to a file inside the folder: that file goes up under its name
             target = path.resolve(strict=True)
@@ -281,6 +284,16 @@ def plan_upload(
 
     include_gitignore = os.environ.get(ray_constants.RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
     packaging._dir_travel(root, [excluded], take, include_gitignore=include_gitignore, logger=log)
+    if unnamed:
+        shown = ", ".join(
+            str(root / name).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            for name in unnamed[:3]
+        )
+        more = f" and {len(unnamed) - 3} more" if len(unnamed) > 3 else ""
+        raise ValueError(
+            f"--working-dir {root} holds {len(unnamed)} files whose names are not UTF-8, which a package "
+            f"cannot hold: {shown}{more}; rename them, or list them in {root / '.rayignore'}"
+        )
     for relative, source in list(upload.sources.items()):
         # more hard links than names for the file here: another name (a key?) lives outside the folder,
         # or a link names a file the rules left out
@@ -308,10 +321,33 @@ def write_package(upload: Upload, destination: str | Path) -> Path:
                     mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
                     member.external_attr = (stat.S_IFREG | mode) << 16
                     with package.open(member, "w", force_zip64=True) as out:
-                        shutil.copyfileobj(file, out, 1 << 20)
+                        _copy_planned(file, out, upload.files[name], upload.root / name)
     finally:
         os.close(root)
     return destination
+
+
+def _copy_planned(file: BinaryIO, out: BinaryIO, size: int, shown: Path) -> None:
+    """Copy exactly the `size` bytes the plan listed (its limit was checked against them); a file that
+    grew or shrank since is refused, also when it changes during the copy."""
+    left = size
+    while left and (chunk := file.read(min(left, 1 << 20))):
+        out.write(chunk)
+        left -= len(chunk)
+    if left or file.read(1):
+        now = os.fstat(file.fileno()).st_size
+        raise ValueError(
+            f"{shown} changed after it was listed ({size:,} bytes planned, {now:,} now); submit again"
+        )
+
+
+def _encodable(name: str) -> bool:
+    """Whether `name` (as the file system decoded it) can be written into a package: UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _open_planned(root: int, source: Source, shown: Path) -> int:

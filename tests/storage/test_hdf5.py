@@ -337,3 +337,26 @@ def test_hdf5_declaring_gigabytes_is_refused_in_bounded_memory(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     written, peak_mb = proc.stdout.split()
     assert written == "0" and int(peak_mb) < 300, proc.stdout
+
+
+def test_an_import_says_what_the_file_holds_that_no_record_carries(
+    tmp_path, make_record, same, capsys, caplog
+):
+    """An id map naming 345 ids for a file of 300 rows, and a layout without label datasets: the summary line
+    counts the ids without rows and the records stored without labels; --strict refuses before writing."""
+    recs = [make_record(i, num_boxes=2, feature_dim=8) for i in range(300)]
+    write_butd(tmp_path / "t.h5", recs)
+    names = [r.img_id for r in recs] + [f"ghost_{i}" for i in range(45)]
+    (tmp_path / "t_ids.txt").write_text("\n".join(names) + "\n")
+    argv = ["features", "import", str(tmp_path / "t.h5"), str(tmp_path / "s")]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(
+        "300 records written, 0 already present, 0 bad skipped, 45 ids without rows, "
+        "300 written without detector labels (stored as unknown)"
+    )
+    assert "names 45 ids for rows" in caplog.text and "'ghost_0' (row 300)" in caplog.text
+    assert "has no objects_id, objects_conf, attrs_id, attrs_conf datasets" in caplog.text
+    check_butd_import(tmp_path / "s", recs, same)
+    assert main([*argv[:3], str(tmp_path / "strict"), "--strict"]) == 1
+    assert "refused (--strict)" in caplog.records[-1].getMessage() and not (tmp_path / "strict").exists()

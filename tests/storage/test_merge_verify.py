@@ -132,3 +132,17 @@ def test_merge_onto_something_not_a_directory_is_one_line(dst, tmp_path, make_re
     assert main(["features", "merge", str(tmp_path / "a"), str(tmp_path / dst)]) == 1
     assert "cannot hold a feature store" in caplog.text and str(tmp_path / dst) in caplog.text
     assert (tmp_path / "file").read_text() == "keep me" and not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("onto", ["itself", "link", "dotted"])
+def test_merge_onto_a_source_is_refused_before_anything_is_written(onto, tmp_path, make_record, caplog):
+    """`merge S S`, or onto a link to S: refused before a writer exists, so S's files stay byte for byte."""
+    write(tmp_path / "s", [make_record(i) for i in range(4)])
+    (tmp_path / "link").symlink_to(tmp_path / "s")
+    (tmp_path / "sub").mkdir()
+    dst = {"itself": tmp_path / "s", "link": tmp_path / "link", "dotted": tmp_path / "sub" / ".." / "s"}[onto]
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()}
+    assert main(["features", "merge", str(tmp_path / "s"), str(dst)]) == 1
+    assert f"cannot merge into {dst}: it is the source" in caplog.text and "never written" in caplog.text
+    assert {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()} == before
+    assert "merged_from" not in FeatureReader(tmp_path / "s").meta["provenance"]

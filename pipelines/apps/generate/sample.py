@@ -60,6 +60,20 @@ def prompt_cut(model: TextToImageModel, prompt: str) -> str | None:
     return f"the model reads the prompt's first {read} of its {words} words" if words > read else None
 
 
+def prompt_unknown(model: TextToImageModel, prompt: str) -> str | None:
+    """A note naming the words of `prompt` the model's vocabulary lacks (each is read as `<unk>`), or None;
+    a ValueError naming the prompt when it has no known word at all (the model would draw from nothing)."""
+    words = tokenize_caption(prompt)
+    unknown = list(dict.fromkeys(w for w in words if w not in model.vocab.index))
+    if words and len(unknown) < len(set(words)):
+        return f"the model does not know {', '.join(map(repr, unknown))}: read as <unk>" if unknown else None
+    examples = ", ".join(w for w in model.vocab.words[4:9])
+    raise ValueError(
+        f"no word of the prompt {prompt!r} is in the model's vocabulary of {len(model.vocab)} words "
+        f"(e.g. {examples}): describe the picture with words it was trained on"
+    )
+
+
 @torch.no_grad()
 def sample_tokens(model: TextToImageModel, prompt: str, settings: SampleSettings) -> torch.Tensor:
     """(n, grid^2) image tokens drawn after `prompt`; the same seed gives the same tokens."""

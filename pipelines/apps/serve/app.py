@@ -22,7 +22,7 @@ from extraction import ImageError
 from extraction.draw import region_label
 from extraction.preprocess import decode_bytes, load_resized
 from pipelines.apps.generate.rerank import rank
-from pipelines.apps.generate.sample import SampleSettings, prompt_cut
+from pipelines.apps.generate.sample import SampleSettings, prompt_cut, prompt_unknown
 from pipelines.apps.serve.backend import Backend
 from pipelines.apps.serve.config import ServeConfig
 from pipelines.apps.serve.decode_budget import DecodeBudget
@@ -207,6 +207,10 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
             reranker = (
                 f"captioner {held.tuned.settings.get('arch')} {held.checkpoint}: log p(prompt | regions)"
             )
+        try:
+            unknown = prompt_unknown(generator.model, prompt)
+        except ValueError as exc:
+            raise ServiceError(400, str(exc)) from None
         cut = prompt_cut(generator.model, prompt)
         with service.admitted():
             started = time.perf_counter()
@@ -219,6 +223,7 @@ def create_app(backend: Backend, config: ServeConfig | None = None) -> FastAPI:
                 "seed": seed,
                 "guidance": guidance,
                 "prompt_cut": cut,
+                "prompt_unknown": unknown,
                 "images": [
                     {
                         "sample": i,

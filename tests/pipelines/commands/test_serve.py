@@ -16,11 +16,12 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         loaded.update(caption_checkpoint=caption_checkpoint)
         return object()
 
-    def run(app, host, port, log_level):
-        served.update(app=app, host=host, port=port)
+    def run(server):
+        served.update(app=server.config.app, host=server.config.host, port=server.config.port)
+        served.update(deadline=server.config.http.request_seconds, bound=server.config.limit_concurrency)
 
     monkeypatch.setattr(pipelines.apps.serve.backend, "load_backend", load_backend)
-    monkeypatch.setattr("uvicorn.run", run)
+    monkeypatch.setattr("uvicorn.Server.run", run)
     argv = [
         "serve",
         "--checkpoint",
@@ -49,6 +50,10 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
         "9",
         "--beam-size",
         "5",
+        "--request-timeout",
+        "12",
+        "--max-connections",
+        "40",
     ]
     assert main(argv) == 0
     assert loaded == {
@@ -65,6 +70,7 @@ def test_options_reach_the_backend_the_server_settings_and_uvicorn(monkeypatch):
     config = served["app"].state.service.config
     assert (config.max_batch, config.max_wait_ms, config.max_pending, config.timeout_s) == (4, 2.0, 7, 9.0)
     assert config.beam_size == 5
+    assert (served["deadline"], served["bound"]) == (12.0, 40)
     served["app"].state.service.close()
 
 

@@ -412,6 +412,8 @@ def test_visual_genome_converts_to_coco_with_attributes(tmp_path: Path) -> None:
         "unknown_object": 2,
         "unknown_attribute": 1,
         "images_without_objects": 1,
+        "clipped_box": 1,  # the racket reaches x = 120 in a 100-wide image
+        "box_without_area": 0,
     }
     doc = json.loads(out.read_text())
     assert doc["images"] == [{"id": 1, "file_name": "VG_100K/1.jpg", "width": 100, "height": 50}]
@@ -425,13 +427,13 @@ def test_visual_genome_converts_to_coco_with_attributes(tmp_path: Path) -> None:
     assert rows == [
         (11, 1, [5, 6, 20, 10], [1]),  # "White Dog." -> dog + white
         (12, 2, [0, 0, 8, 8], [2, 4, 3]),  # kitty -> cat; grey -> gray, furry, black and white
-        (14, 3, [90, 1, 30, 5], []),
+        (14, 3, [90, 1, 10, 5], []),
     ]
 
     _image(tmp_path / "images" / "VG_100K" / "1.jpg", 50, 100)
     data = load_detection_json(out, tmp_path / "images")
     assert data.classes == ["dog", "cat", "tennis racket"]
-    assert data.counts["clipped"] == 1  # the racket reaches x = 120 in a 100-wide image
+    assert data.counts["clipped"] == 0  # clipped by the conversion already
     np.testing.assert_array_equal(data.images[0].boxes[2], [90, 1, 100, 6])
     assert data.images[0].attributes.tolist() == [[0, -1, -1], [1, 3, 2], [-1, -1, -1]]
 
@@ -448,6 +450,43 @@ def test_visual_genome_needs_every_image_in_image_data(tmp_path: Path) -> None:
             vg["attributes_vocab"],
             tmp_path / "out.json",
         )
+
+
+def _convert(vg: dict[str, Path], out: Path) -> dict[str, int]:
+    names = ("objects", "attributes", "image_data", "objects_vocab", "attributes_vocab")
+    return convert_visual_genome(*(vg[name] for name in names), out)
+
+
+def test_visual_genome_boxes_without_area_are_skipped_and_those_outside_clipped(tmp_path: Path) -> None:
+    vg = _vg_files(tmp_path)
+    doc = json.loads(vg["objects"].read_text())
+    boxes = {  # object id -> (x, y, w, h), in the 100x50 image 1; None: skipped
+        11: ((5, 6, -10, 10), None),
+        12: ((5, 6, 1e300, 10), [5, 6, 95, 10]),
+        14: ((5000, 6000, 20, 20), None),  # far outside the image
+        15: ((-30, -40, 50, 50), [0, 0, 20, 10]),
+        16: ((1, 1, 3, 0), None),
+    }
+    extra = [{"object_id": i, "names": ["dog"], "synsets": []} for i in (15, 16)]
+    doc[0]["objects"] = [o for o in doc[0]["objects"] if o["object_id"] != 13] + extra
+    for obj in doc[0]["objects"]:
+        obj.update(zip("xywh", boxes[obj["object_id"]][0], strict=True))
+    vg["objects"].write_text(json.dumps(doc))
+    counts = _convert(vg, tmp_path / "out.json")
+    assert (counts["annotations"], counts["box_without_area"], counts["clipped_box"]) == (2, 3, 2)
+    got = {
+        a["vg_object_id"]: a["bbox"] for a in json.loads((tmp_path / "out.json").read_text())["annotations"]
+    }
+    assert got == {i: want for i, (_, want) in boxes.items() if want is not None}
+
+
+def test_visual_genome_refuses_two_image_data_rows_for_one_image(tmp_path: Path) -> None:
+    vg = _vg_files(tmp_path)
+    rows = json.loads(vg["image_data"].read_text())
+    vg["image_data"].write_text(json.dumps([*rows, {**rows[0], "width": 999}]))
+    with pytest.raises(ValueError, match=r"image_data\.json: rows 0 and 2 both describe image 1; keep one"):
+        _convert(vg, tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists()
 
 
 def _escape(tmp_path: Path) -> Path:

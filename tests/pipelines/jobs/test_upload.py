@@ -243,3 +243,37 @@ def test_a_file_swapped_for_a_link_after_the_plan_is_refused(tmp_path):
     (root / "pkg").symlink_to(root / "real")  # the very file planned, but through a link now
     with pytest.raises(ValueError, match=r"changed after it was listed"):
         write_package(upload, tmp_path / "pkg.zip")
+
+
+def test_a_name_a_package_cannot_hold_is_refused_at_plan_time(tmp_path, caplog, monkeypatch):
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "code.py").write_text("print(1)")
+    (Path(os.fsdecode(bytes(root))) / os.fsdecode(b"bad\xffname.py")).write_text("print(2)")
+    with pytest.raises(ValueError, match=r"1 files whose names are not UTF-8.*bad\\xffname\.py.*\.rayignore"):
+        plan_upload(root)
+
+    def no_client(*args, **kwargs):
+        raise AssertionError("connected before refusing")
+
+    monkeypatch.setattr("ray.job_submission.JobSubmissionClient", no_client)
+    for dry in ([], ["--dry-run"]):
+        argv = ["submit", "--address", "http://127.0.0.1:1", *dry, "--working-dir", str(root), "--", "--help"]
+        assert main(argv) == 1
+        assert "bad\\xffname.py" in caplog.records[-1].getMessage()
+    (root / ".rayignore").write_text("bad*\n")
+    assert set(plan_upload(root).files) == {"code.py", ".rayignore"}
+
+
+@pytest.mark.parametrize("change", ["grown", "shrunk"])
+def test_a_file_whose_size_changed_after_the_plan_is_refused(change, tmp_path):
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "code.py").write_bytes(b"x" * 1000)
+    upload = plan_upload(root, limit=1500)
+    with open(root / "code.py", "r+b") as f:  # the same file (inode), another size
+        f.truncate(100_000 if change == "grown" else 10)
+    with pytest.raises(
+        ValueError, match=r"code\.py changed after it was listed \(1,000 bytes planned, .* now\)"
+    ):
+        write_package(upload, tmp_path / "pkg.zip")

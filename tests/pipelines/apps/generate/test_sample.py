@@ -118,3 +118,17 @@ def test_a_prompt_longer_than_the_model_reads_is_said(checkpoint, tmp_path, caps
     assert main([*base, " ".join(["red"] * (read + 5))]) == 0
     err = capsys.readouterr().err.strip()
     assert f"reads the prompt's first {read} of its {read + 5} words" in err and len(err.splitlines()) == 1
+
+
+def test_a_prompt_without_a_known_word_is_refused_naming_it(checkpoint, tmp_path, capsys):
+    base = ["generate", "sample", "--checkpoint", str(checkpoint), "--n", "1", "--out", str(tmp_path / "o")]
+    assert main([*base, "Zebra tulip!"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "no word of the prompt 'Zebra tulip!' is in the model's vocabulary of 7 words (e.g. a, red, circle)"
+        in err
+    )
+    assert not (tmp_path / "o").exists()
+    assert main([*base, "a red zebra"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == "xmodal generate sample: warning: the model does not know 'zebra': read as <unk>"

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-import uvicorn
 from PIL import Image, ImageDraw
 
 from pipelines.apps.serve.backend import Backend, load_backend
+from pipelines.apps.serve.config import ServeConfig
+from pipelines.apps.serve.http_server import make_server
 
 from .tiny_models import write_tiny_captioner, write_tiny_checkpoint
 
@@ -49,8 +50,8 @@ def backend(checkpoint, caption_checkpoint) -> Iterator[Backend]:
 
 @contextlib.contextmanager
 def serving(app) -> Iterator[str]:
-    """Run `app` with uvicorn on a free loopback port in a thread; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    """Run `app` as `xmodal serve` runs it, on a free loopback port in a thread; yields its base URL."""
+    server = make_server(app, ServeConfig(port=0), log_level="warning")
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

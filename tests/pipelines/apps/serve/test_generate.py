@@ -96,6 +96,7 @@ def test_guidance_draws_what_the_guided_sampler_draws(drawing_only, dalle_run):
     ("fields", "status", "message"),
     [
         ({"prompt": "  "}, 400, "prompt is empty"),
+        ({"prompt": "zebra tulip"}, 400, "no word of the prompt 'zebra tulip' is in the model's vocabulary"),
         ({"prompt": PROMPT, "n": "0"}, 400, "n must be between 1 and 16"),
         ({"prompt": PROMPT, "top_p": "1.5"}, 400, "top_p"),
         ({"prompt": PROMPT, "guidance": "-1"}, 400, "guidance must lie in [0, 100]"),
