@@ -142,8 +142,24 @@ class Detector:
     def provenance(self) -> dict:
         """What produced the features: preset, configs, weights (path + sha256 or random), versions."""
         return provenance(
-            self.preset, self.config, self.selection, self._weights, self.feature_dim, self.grid
+            self.preset,
+            self.config,
+            self.selection,
+            self._weights,
+            self.feature_dim,
+            self.grid,
+            self.call_shape,
         )
+
+    @property
+    def call_shape(self) -> dict:
+        """The network's call shape on this device, whatever the number of images `detect` is given: the
+        batched forward runs the trunk on `canvases` slots (blank ones fill a short batch) and res5 on
+        `roi_rows` RoIs per call; the per-image forward runs each image alone."""
+        if self.forward_path == "per-image":
+            return {"forward": "per-image"}
+        rows = None if self.grid is not None else self.forward_batch * self.config.post_nms_topk
+        return {"forward": "batched", "canvases": self.forward_batch, "roi_rows": rows}
 
     def detect(
         self,
