@@ -60,6 +60,7 @@ class Detector:
         grid: GridConfig | None = None,
         forward: str = "auto",
         forward_batch: int = FORWARD_BATCH,
+        batched_selection: bool | None = None,
     ):
         forward_path(forward, torch.device("cpu"))  # a bad value fails here, naming the setting
         if forward_batch < 1:
@@ -74,6 +75,7 @@ class Detector:
         self.grid = grid
         self.forward = forward  # FORWARD_MODES: which of the network's two ways in `detect` takes
         self.forward_batch = forward_batch
+        self.batched_selection = batched_selection  # None: on accelerators (postprocess.to_records)
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
     @classmethod
@@ -89,6 +91,7 @@ class Detector:
         grid: str | GridConfig | None = None,
         forward: str = "auto",
         forward_batch: int = FORWARD_BATCH,
+        batched_selection: bool | None = None,
         **overrides,
     ) -> Detector:
         """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig.
@@ -124,7 +127,19 @@ class Detector:
         # in their layout
         set_memory_format(model, conv_memory_format(device, config.dtype))
         model.eval().to(device)
-        return cls(model, config, sel, preset, info, classes, attributes, grid, forward, forward_batch)
+        return cls(
+            model,
+            config,
+            sel,
+            preset,
+            info,
+            classes,
+            attributes,
+            grid,
+            forward,
+            forward_batch,
+            batched_selection,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -239,6 +254,7 @@ class Detector:
                         input_hws[s : s + batch],
                         self.selection,
                         self._roi_coder,
+                        self.batched_selection,
                     )
                 ]
 
