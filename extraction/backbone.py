@@ -146,26 +146,45 @@ class CanvasMask:
         for level, canvas in enumerate([tuple(canvas_hw), *trunk_extents(*canvas_hw)]):
             self.extents[canvas] = [ext[level] for ext in levels]
         self._masks: dict[tuple, torch.Tensor] = {}
+        self._uploaded: dict[torch.device, dict[tuple, torch.Tensor]] = {}
 
     def subsample(self, hw: tuple[int, int], step: int) -> None:
         """Also mask the map of canvas size `hw` taken every `step` rows and columns (grid stride 32)."""
         self.extents[tuple(-(-n // step) for n in hw)] = [
             (-(-h // step), -(-w // step)) for h, w in self.extents[tuple(hw)]
         ]
+        self._uploaded.clear()
 
     def at(self, hw: tuple[int, int]) -> list[tuple[int, int]]:
         """Each slot's extent on a map of canvas size `hw`."""
         return self.extents[tuple(hw)]
 
+    def on(self, hw: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """`at` as a (B, 2) int64 tensor on `device`; every level's extents go up in one copy."""
+        if device not in self._uploaded:
+            levels = list(self.extents)
+            table = upload(torch.tensor([self.extents[k] for k in levels], dtype=torch.int64), device)
+            self._uploaded[device] = dict(zip(levels, table.unbind(0), strict=True))
+        return self._uploaded[device][tuple(hw)]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         hw = tuple(x.shape[-2:])
         key = (hw, x.dtype, x.device)
         if key not in self._masks:
-            mask = torch.zeros((x.shape[0], 1, *hw), dtype=x.dtype, device=x.device)
-            for i, (h, w) in enumerate(self.at(hw)):
-                mask[i, :, :h, :w] = 1
-            self._masks[key] = mask
+            # built on the device from the extents: no op per slot
+            extents = self.on(hw, x.device)
+            ys = torch.arange(hw[0], device=x.device)[None, :, None] < extents[:, :1, None]
+            xs = torch.arange(hw[1], device=x.device)[None, None, :] < extents[:, 1:, None]
+            self._masks[key] = (ys & xs)[:, None].to(x.dtype)
         return x.mul_(self._masks[key])
+
+
+def upload(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU through pinned memory without blocking the host (a pageable
+    copy waits for the device's queue: a host sync)."""
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
 
 def _unmasked(x: torch.Tensor) -> torch.Tensor:

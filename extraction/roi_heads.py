@@ -95,6 +95,20 @@ class Res5ROIHeads(nn.Module):
             start = end
         return out
 
+    def forward_padded(self, features: torch.Tensor, boxes: torch.Tensor) -> RoIOutputs:
+        """A canvas batch's res4 maps (B, C, H, W) and each slot's boxes (B, R, 4) -> outputs (B, R, ...):
+        one pool and one res5 call of B x R RoIs. Pooling the canvas equals pooling each image's own map:
+        beyond an image the canvas holds masked zeros and res4 is a ReLU output (>= 0), so a bin's
+        maximum is the one over the image's positions (0 for a bin wholly outside, as RoIPool gives)."""
+        b, r = boxes.shape[:2]
+        slots = torch.arange(b, dtype=torch.float32, device=boxes.device)[:, None, None].expand(b, r, 1)
+        rois = torch.cat([slots, boxes.float()], 2).view(-1, 5)
+        x = self.pooler(features.float().contiguous(), rois)
+        x = self.res5(x.contiguous(memory_format=self.memory_format)).mean(dim=(2, 3), dtype=torch.float32)
+        with torch.autocast(x.device.type, enabled=False):
+            cls_logits, deltas, attr_logits = self.box_predictor(x)
+        return RoIOutputs(*(t.view(b, r, -1) for t in (x, cls_logits, deltas, attr_logits)))
+
     def pooled_features(
         self, features: list[torch.Tensor], boxes: list[torch.Tensor], rows: int | None = None
     ) -> torch.Tensor:
