@@ -16,15 +16,16 @@ from extraction.backbone import conv_memory_format, set_memory_format
 from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import GridConfig
-from extraction.postprocess import to_grid_record, to_record, to_records
+from extraction.postprocess import download, padded_records, padded_regions, to_grid_record, to_records
 from extraction.precision import deterministic_cudnn, float32_precision
-from extraction.preprocess import batch_images, load_image, resize_image
+from extraction.preprocess import batch_images, canvas_batch, load_image, resize_image
 from extraction.provenance import provenance, weights_record
 from extraction.rcnn import (
     GRID_STAGES,
     NETWORK_STAGES,
     RANDOM_SEED,
     VGFasterRCNN,
+    canvas_groups,
     forward_path,
     init_random_weights,
 )
@@ -76,6 +77,7 @@ class Detector:
         self.forward = forward  # FORWARD_MODES: which of the network's two ways in `detect` takes
         self.forward_batch = forward_batch
         self.batched_selection = batched_selection  # None: on accelerators (postprocess.to_records)
+        self._pixel_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # mean, std on the device
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
     @classmethod
@@ -216,6 +218,10 @@ class Detector:
                     original_sizes = [im.shape[:2] for im in loaded]
                 else:
                     resized = loaded
+            input_hws = [im.shape[:2] for im in resized]
+            if batch is not None and self.grid is None:
+                return self._detect_batched(resized, ids, original_sizes, stage)
+            with stage("preprocess"):
                 inputs = [
                     batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
                 ]
@@ -227,36 +233,73 @@ class Detector:
                             out,
                             img_id,
                             size,
-                            im.shape[:2],
+                            hw,
                             self.grid,
                             self.selection.rule,
                             self.selection.class_probs,
                         )
-                        for out, img_id, size, im in zip(cells, ids, original_sizes, resized, strict=True)
+                        for out, img_id, size, hw in zip(cells, ids, original_sizes, input_hws, strict=True)
                     ]
-            if batch is None:
-                outputs = self.model(inputs, stage)
-                with stage("selection"):
-                    return [
-                        to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)
-                        for out, img_id, size, im in zip(outputs, ids, original_sizes, resized, strict=True)
-                    ]
-            outputs = self.model.forward_batched(inputs, stage, batch, sides)
-            input_hws = [im.shape[:2] for im in resized]
-            with stage("selection"):  # `batch` images at a time (on accelerators one host sync each)
-                return [
-                    record
-                    for s in range(0, len(outputs), batch)
-                    for record in to_records(
-                        outputs[s : s + batch],
-                        ids[s : s + batch],
-                        original_sizes[s : s + batch],
-                        input_hws[s : s + batch],
-                        self.selection,
-                        self._roi_coder,
-                        self.batched_selection,
-                    )
-                ]
+            outputs = self.model(inputs, stage)
+            with stage("selection"):
+                return to_records(
+                    outputs,
+                    ids,
+                    original_sizes,
+                    input_hws,
+                    self.selection,
+                    self._roi_coder,
+                    self.batched_selection,
+                )
+
+    def _detect_batched(
+        self,
+        resized: list[np.ndarray],
+        ids: list[str],
+        original_sizes: list[tuple[int, int]],
+        stage: _StageTimer,
+    ) -> list[RegionFeatures]:
+        """`detect`'s batched forward: `forward_batch` canvases per call, uploaded once per call; with the
+        batched selection each call's regions stay on the device, all downloaded in one copy at the end."""
+        cfg, batch = self.config, self.forward_batch
+        input_hws = [tuple(im.shape[:2]) for im in resized]
+        padded = self.selection.rule == "caffe" and (
+            self.batched_selection if self.batched_selection is not None else self.device.type != "cpu"
+        )
+        if self._pixel_buffers is None or self._pixel_buffers[0].device != self.device:
+            mean = torch.tensor(cfg.pixel_mean, dtype=torch.float32).view(3, 1, 1)
+            std = torch.tensor(cfg.pixel_std, dtype=torch.float32).view(3, 1, 1)
+            self._pixel_buffers = (mean.to(self.device), std.to(self.device))
+        records: list[RegionFeatures | None] = [None] * len(resized)
+        pending = []
+        for canvas, idx in canvas_groups(input_hws, batch, (cfg.min_size, cfg.max_size)):
+            with stage("preprocess"):
+                x = canvas_batch([resized[i] for i in idx], batch, canvas, *self._pixel_buffers)
+            sizes = [input_hws[i] for i in idx] + [(0, 0)] * (batch - len(idx))
+            out = self.model.forward_canvas(x, sizes, stage)
+            with stage("selection"):
+                chunk = ([input_hws[i] for i in idx], [original_sizes[i] for i in idx])
+                if padded:
+                    pending.append((idx, padded_regions(out, len(idx), *chunk, self.selection)))
+                    continue
+                got = to_records(
+                    out.images(len(idx)),
+                    [ids[i] for i in idx],
+                    chunk[1],
+                    chunk[0],
+                    self.selection,
+                    self._roi_coder,
+                    self.batched_selection,
+                )
+                for i, record in zip(idx, got, strict=True):
+                    records[i] = record
+        with stage("selection"):
+            fields = download([f for _, f in pending])
+            for (idx, _), host in zip(pending, fields, strict=True):
+                got = padded_records(host, [ids[i] for i in idx], [original_sizes[i] for i in idx])
+                for i, record in zip(idx, got, strict=True):
+                    records[i] = record
+        return records
 
 
 class _StageTimer:

@@ -58,9 +58,16 @@ def canvas_batches(
 ) -> list[tuple[tuple[int, int], list[int]]]:
     """(canvas (H, W), indices) of each batch of at most `batch_size` images sharing a canvas (`canvas_of`),
     in order of first appearance."""
+    return canvas_groups([tuple(image.shape[-2:]) for image in images], batch_size, sides)
+
+
+def canvas_groups(
+    sizes: list[tuple[int, int]], batch_size: int, sides: tuple[int, int] | None = None
+) -> list[tuple[tuple[int, int], list[int]]]:
+    """`canvas_batches` of images of these (h, w)."""
     groups: dict[tuple[int, int], list[int]] = {}
-    for i, image in enumerate(images):
-        groups.setdefault(canvas_of(*image.shape[-2:], sides), []).append(i)
+    for i, (h, w) in enumerate(sizes):
+        groups.setdefault(canvas_of(h, w, sides), []).append(i)
     return [
         (canvas, idx[start : start + batch_size])
         for canvas, idx in groups.items()
