@@ -180,11 +180,22 @@ class CanvasMask:
 
 
 def upload(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`; to a GPU through pinned memory without blocking the host (a pageable
-    copy waits for the device's queue: a host sync)."""
-    if device.type == "cuda":
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)
+    """A host tensor on `device`. To a GPU it goes through pinned memory on a copy stream of its own: the
+    host does not wait (a pageable copy waits for the device's queue, a host sync) and the copy overlaps
+    the kernels already queued (the previous batch's); the compute stream waits for it before use."""
+    if device.type != "cuda":
+        return x.to(device)
+    pinned = x.pin_memory()
+    copy = _COPY_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    with torch.cuda.stream(copy):
+        out = pinned.to(device, non_blocking=True)
+    compute = torch.cuda.current_stream(device)
+    compute.wait_stream(copy)
+    out.record_stream(compute)  # its memory is not reused until the compute stream is done with it
+    return out
+
+
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _unmasked(x: torch.Tensor) -> torch.Tensor:
