@@ -61,7 +61,7 @@ class Detector:
         grid: GridConfig | None = None,
         forward: str = "auto",
         forward_batch: int = FORWARD_BATCH,
-        batched_selection: bool | None = None,
+        fixed_shapes: bool | None = None,
     ):
         forward_path(forward, torch.device("cpu"))  # a bad value fails here, naming the setting
         if forward_batch < 1:
@@ -76,7 +76,10 @@ class Detector:
         self.grid = grid
         self.forward = forward  # FORWARD_MODES: which of the network's two ways in `detect` takes
         self.forward_batch = forward_batch
-        self.batched_selection = batched_selection  # None: on accelerators (postprocess.to_records)
+        # the accelerator form of the work between the network's calls: proposals' NMS and the caffe
+        # selection on fixed shapes without host syncs; None: on accelerators (a CPU runs torchvision's nms
+        # and the per-image selection, the faster there; the records are the same)
+        self.fixed_shapes = fixed_shapes
         self._pixel_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # mean, std on the device
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
@@ -93,7 +96,7 @@ class Detector:
         grid: str | GridConfig | None = None,
         forward: str = "auto",
         forward_batch: int = FORWARD_BATCH,
-        batched_selection: bool | None = None,
+        fixed_shapes: bool | None = None,
         **overrides,
     ) -> Detector:
         """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig.
@@ -140,12 +143,16 @@ class Detector:
             grid,
             forward,
             forward_batch,
-            batched_selection,
+            fixed_shapes,
         )
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def _fixed_shapes(self) -> bool:
+        return self.fixed_shapes if self.fixed_shapes is not None else self.device.type != "cpu"
 
     @property
     def forward_path(self) -> str:
@@ -249,7 +256,7 @@ class Detector:
                     input_hws,
                     self.selection,
                     self._roi_coder,
-                    self.batched_selection,
+                    self.fixed_shapes,
                 )
 
     def _detect_batched(
@@ -263,9 +270,7 @@ class Detector:
         batched selection each call's regions stay on the device, all downloaded in one copy at the end."""
         cfg, batch = self.config, self.forward_batch
         input_hws = [tuple(im.shape[:2]) for im in resized]
-        padded = self.selection.rule == "caffe" and (
-            self.batched_selection if self.batched_selection is not None else self.device.type != "cpu"
-        )
+        padded = self.selection.rule == "caffe" and (self._fixed_shapes)
         if self._pixel_buffers is None or self._pixel_buffers[0].device != self.device:
             mean = torch.tensor(cfg.pixel_mean, dtype=torch.float32).view(3, 1, 1)
             std = torch.tensor(cfg.pixel_std, dtype=torch.float32).view(3, 1, 1)
@@ -276,7 +281,7 @@ class Detector:
             with stage("preprocess"):
                 x = canvas_batch([resized[i] for i in idx], batch, canvas, *self._pixel_buffers)
             sizes = [input_hws[i] for i in idx] + [(0, 0)] * (batch - len(idx))
-            out = self.model.forward_canvas(x, sizes, stage)
+            out = self.model.forward_canvas(x, sizes, stage, self._fixed_shapes)
             with stage("selection"):
                 chunk = ([input_hws[i] for i in idx], [original_sizes[i] for i in idx])
                 if padded:
@@ -289,7 +294,7 @@ class Detector:
                     chunk[0],
                     self.selection,
                     self._roi_coder,
-                    self.batched_selection,
+                    self.fixed_shapes,
                 )
                 for i, record in zip(idx, got, strict=True):
                     records[i] = record

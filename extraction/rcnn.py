@@ -209,12 +209,17 @@ class VGFasterRCNN(nn.Module):
         return out
 
     def forward_canvas(
-        self, x: torch.Tensor, sizes: list[tuple[int, int]], stage: StageTimer = _untimed
+        self,
+        x: torch.Tensor,
+        sizes: list[tuple[int, int]],
+        stage: StageTimer = _untimed,
+        fixed_shapes: bool | None = None,
     ) -> CanvasOutputs:
         """A canvas batch (B, 3, H, W), normalised and zero beyond each slot's image of (h, w) ((0, 0) for a
         blank slot) -> every slot's proposals and RoI outputs on fixed shapes, without a host sync: the
         trunk, the RPN head, the proposals (`RPN.proposals_batched`) and the RoI head (B x post_nms_topk
-        RoIs) run once each for the whole batch."""
+        RoIs) run once each for the whole batch. `fixed_shapes` (default: on accelerators) picks the
+        proposals' NMS: fixed-step greedy for the batch, or torchvision's per image (faster on a CPU)."""
         rpn = self.proposal_generator
         with self._autocast(x.device):
             with stage("backbone"):
@@ -224,7 +229,11 @@ class VGFasterRCNN(nn.Module):
                 logits, deltas = rpn.rpn_head(res4.contiguous())
                 extents = mask.on(tuple(res4.shape[-2:]), x.device)
                 image_hws = mask.on(tuple(x.shape[-2:]), x.device)
-                boxes, objectness, valid = rpn.proposals_batched(logits, deltas, extents, image_hws)
+                if fixed_shapes is None:
+                    fixed_shapes = x.device.type != "cpu"
+                boxes, objectness, valid = rpn.proposals_batched(
+                    logits, deltas, extents, image_hws, fixed_shapes
+                )
             with stage("roi_head"):
                 roi = self.roi_heads.forward_padded(res4, boxes)
         return CanvasOutputs(

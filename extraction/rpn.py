@@ -95,11 +95,13 @@ class RPN(nn.Module):
         deltas: torch.Tensor,
         extents: torch.Tensor,
         image_hws: torch.Tensor,
+        fixed_shapes: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`proposals` of every slot of a canvas batch on fixed shapes, without a host sync: head outputs
         (B, A, H, W) and (B, 4A, H, W), each slot's res4 extent and input size (B, 2) as (h, w) -> boxes
         (B, post, 4), objectness (B, post) and valid (B, post); a slot's first valid rows are what
-        `proposals` gives for its own map (the same arithmetic; rows past them are zeros)."""
+        `proposals` gives for its own map (the same arithmetic; rows past them are zeros). Without
+        `fixed_shapes` the NMS is torchvision's, slot by slot (host syncs, but a CPU builds no IoU matrix)."""
         b, num_anchors = logits.shape[0], self.anchor_generator.num_anchors
         gh, gw = logits.shape[-2:]
         scores = logits.permute(0, 2, 3, 1).reshape(b, -1).float()
@@ -117,8 +119,15 @@ class RPN(nn.Module):
         valid = inside.gather(1, idx) & torch.isfinite(boxes).all(dim=2) & torch.isfinite(scores)
         boxes = clip_boxes_to(boxes, image_hws[:, None])
         valid &= (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
-        keep = greedy_nms(boxes, valid, self.nms_thresh, self.post_nms_topk)  # (B, post), k = none
         k = boxes.shape[1]
+        if fixed_shapes:
+            keep = greedy_nms(boxes, valid, self.nms_thresh, self.post_nms_topk)  # (B, post), k = none
+        else:
+            keep = boxes.new_full((b, self.post_nms_topk), k, dtype=torch.int64)
+            for slot in range(b):
+                rows = valid[slot].nonzero()[:, 0]
+                kept = rows[nms(boxes[slot, rows], scores[slot, rows], self.nms_thresh)[: self.post_nms_topk]]
+                keep[slot, : kept.shape[0]] = kept
         boxes = torch.cat([boxes, boxes.new_zeros(b, 1, 4)], 1).gather(1, keep[..., None].expand(-1, -1, 4))
         scores = torch.cat([scores, scores.new_zeros(b, 1)], 1).gather(1, keep)
         return boxes, scores, keep < k
@@ -192,10 +201,10 @@ def greedy_nms(boxes: torch.Tensor, valid: torch.Tensor, thresh: float, steps: i
         torch.gt(inter / (area[:, s:e, None] + area[:, None] - inter), thresh, out=suppresses[:, s:e, :k])
     suppresses[:, :k, :k].diagonal(dim1=1, dim2=2).fill_(True)  # a kept box is done (at any threshold)
     suppressed = torch.cat([(~valid).to(torch.uint8), valid.new_zeros(b, 1, dtype=torch.uint8)], 1)
-    batch = torch.arange(b, device=boxes.device)
     kept = []
     for _ in range(steps):
         pick = suppressed.argmin(1)  # the first box still standing, else K
         kept.append(pick)
-        suppressed |= suppresses[batch, pick]
+        # a gather, not suppresses[batch, pick]: CPU advanced indexing is ~100x slower here
+        suppressed |= torch.gather(suppresses, 1, pick[:, None, None].expand(b, 1, k + 1))[:, 0]
     return torch.stack(kept, 1) if kept else boxes.new_zeros((b, 0), dtype=torch.int64)

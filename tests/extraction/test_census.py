@@ -134,9 +134,7 @@ def census_detector(batch: int) -> Detector:
     peaked class head (a near-uniform one would make the selection's work trivial)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        det = Detector.build(
-            forward="batched", forward_batch=batch, batched_selection=True, **CENSUS_DETECTOR
-        )
+        det = Detector.build(forward="batched", forward_batch=batch, fixed_shapes=True, **CENSUS_DETECTOR)
     with torch.no_grad():
         det.model.roi_heads.box_predictor.cls_score.weight.mul_(200.0)
     return det
