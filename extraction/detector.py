@@ -266,11 +266,12 @@ class Detector:
         original_sizes: list[tuple[int, int]],
         stage: _StageTimer,
     ) -> list[RegionFeatures]:
-        """`detect`'s batched forward: `forward_batch` canvases per call, uploaded once per call; with the
-        batched selection each call's regions stay on the device, all downloaded in one copy at the end."""
+        """`detect`'s batched forward: `forward_batch` canvases per call, uploaded once per call; with fixed
+        shapes (the caffe rule) each call's regions stay on the device, all downloaded in one copy at the
+        end: one host sync for the whole list."""
         cfg, batch = self.config, self.forward_batch
         input_hws = [tuple(im.shape[:2]) for im in resized]
-        padded = self.selection.rule == "caffe" and (self._fixed_shapes)
+        padded = self.selection.rule == "caffe" and self._fixed_shapes
         if self._pixel_buffers is None or self._pixel_buffers[0].device != self.device:
             mean = torch.tensor(cfg.pixel_mean, dtype=torch.float32).view(3, 1, 1)
             std = torch.tensor(cfg.pixel_std, dtype=torch.float32).view(3, 1, 1)
