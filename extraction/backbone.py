@@ -146,26 +146,56 @@ class CanvasMask:
         for level, canvas in enumerate([tuple(canvas_hw), *trunk_extents(*canvas_hw)]):
             self.extents[canvas] = [ext[level] for ext in levels]
         self._masks: dict[tuple, torch.Tensor] = {}
+        self._uploaded: dict[torch.device, dict[tuple, torch.Tensor]] = {}
 
     def subsample(self, hw: tuple[int, int], step: int) -> None:
         """Also mask the map of canvas size `hw` taken every `step` rows and columns (grid stride 32)."""
         self.extents[tuple(-(-n // step) for n in hw)] = [
             (-(-h // step), -(-w // step)) for h, w in self.extents[tuple(hw)]
         ]
+        self._uploaded.clear()
 
     def at(self, hw: tuple[int, int]) -> list[tuple[int, int]]:
         """Each slot's extent on a map of canvas size `hw`."""
         return self.extents[tuple(hw)]
 
+    def on(self, hw: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """`at` as a (B, 2) int64 tensor on `device`; every level's extents go up in one copy."""
+        if device not in self._uploaded:
+            levels = list(self.extents)
+            table = upload(torch.tensor([self.extents[k] for k in levels], dtype=torch.int64), device)
+            self._uploaded[device] = dict(zip(levels, table.unbind(0), strict=True))
+        return self._uploaded[device][tuple(hw)]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         hw = tuple(x.shape[-2:])
         key = (hw, x.dtype, x.device)
         if key not in self._masks:
-            mask = torch.zeros((x.shape[0], 1, *hw), dtype=x.dtype, device=x.device)
-            for i, (h, w) in enumerate(self.at(hw)):
-                mask[i, :, :h, :w] = 1
-            self._masks[key] = mask
+            # built on the device from the extents: no op per slot
+            extents = self.on(hw, x.device)
+            ys = torch.arange(hw[0], device=x.device)[None, :, None] < extents[:, :1, None]
+            xs = torch.arange(hw[1], device=x.device)[None, None, :] < extents[:, 1:, None]
+            self._masks[key] = (ys & xs)[:, None].to(x.dtype)
         return x.mul_(self._masks[key])
+
+
+def upload(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU it goes through pinned memory on a copy stream of its own: the
+    host does not wait (a pageable copy waits for the device's queue, a host sync) and the copy overlaps
+    the kernels already queued (the previous batch's); the compute stream waits for it before use."""
+    if device.type != "cuda":
+        return x.to(device)
+    pinned = x.pin_memory()
+    copy = _COPY_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    with torch.cuda.stream(copy):
+        out = pinned.to(device, non_blocking=True)
+    compute = torch.cuda.current_stream(device)
+    compute.wait_stream(copy)
+    out.record_stream(compute)  # its memory is not reused until the compute stream is done with it
+    return out
+
+
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _unmasked(x: torch.Tensor) -> torch.Tensor:

@@ -69,6 +69,21 @@ def clip_boxes(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return torch.stack((x1, y1, x2, y2), dim=-1)
 
 
+def clip_boxes_to(boxes: torch.Tensor, hw: torch.Tensor) -> torch.Tensor:
+    """`clip_boxes` with per-image bounds: hw (..., 2) as (height, width), broadcast against boxes[..., 0]."""
+    zero = boxes.new_zeros(())
+    h, w = hw[..., 0].to(boxes.dtype), hw[..., 1].to(boxes.dtype)
+    return torch.stack(
+        (
+            boxes[..., 0].clamp(min=zero, max=w),
+            boxes[..., 1].clamp(min=zero, max=h),
+            boxes[..., 2].clamp(min=zero, max=w),
+            boxes[..., 3].clamp(min=zero, max=h),
+        ),
+        dim=-1,
+    )
+
+
 def nonempty(boxes: torch.Tensor) -> torch.Tensor:
     """Boxes with positive width and height."""
     return (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])

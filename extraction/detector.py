@@ -16,15 +16,16 @@ from extraction.backbone import conv_memory_format, set_memory_format
 from extraction.box_coder import BoxCoder
 from extraction.config import DEFAULT_PRESET, DetectorConfig
 from extraction.grid import GridConfig
-from extraction.postprocess import to_grid_record, to_record, to_records
+from extraction.postprocess import download, padded_records, padded_regions, to_grid_record, to_records
 from extraction.precision import deterministic_cudnn, float32_precision
-from extraction.preprocess import batch_images, load_image, resize_image
+from extraction.preprocess import batch_images, canvas_batch, load_image, resize_image
 from extraction.provenance import provenance, weights_record
 from extraction.rcnn import (
     GRID_STAGES,
     NETWORK_STAGES,
     RANDOM_SEED,
     VGFasterRCNN,
+    canvas_groups,
     forward_path,
     init_random_weights,
 )
@@ -60,6 +61,7 @@ class Detector:
         grid: GridConfig | None = None,
         forward: str = "auto",
         forward_batch: int = FORWARD_BATCH,
+        fixed_shapes: bool | None = None,
     ):
         forward_path(forward, torch.device("cpu"))  # a bad value fails here, naming the setting
         if forward_batch < 1:
@@ -74,6 +76,11 @@ class Detector:
         self.grid = grid
         self.forward = forward  # FORWARD_MODES: which of the network's two ways in `detect` takes
         self.forward_batch = forward_batch
+        # the accelerator form of the work between the network's calls: proposals' NMS and the caffe
+        # selection on fixed shapes without host syncs; None: on accelerators (a CPU runs torchvision's nms
+        # and the per-image selection, the faster there; the records are the same)
+        self.fixed_shapes = fixed_shapes
+        self._pixel_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # mean, std on the device
         self._roi_coder = BoxCoder(config.bbox_reg_weights)
 
     @classmethod
@@ -89,6 +96,7 @@ class Detector:
         grid: str | GridConfig | None = None,
         forward: str = "auto",
         forward_batch: int = FORWARD_BATCH,
+        fixed_shapes: bool | None = None,
         **overrides,
     ) -> Detector:
         """A ready detector; `overrides` name fields of DetectorConfig or SelectionConfig.
@@ -124,11 +132,27 @@ class Detector:
         # in their layout
         set_memory_format(model, conv_memory_format(device, config.dtype))
         model.eval().to(device)
-        return cls(model, config, sel, preset, info, classes, attributes, grid, forward, forward_batch)
+        return cls(
+            model,
+            config,
+            sel,
+            preset,
+            info,
+            classes,
+            attributes,
+            grid,
+            forward,
+            forward_batch,
+            fixed_shapes,
+        )
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def _fixed_shapes(self) -> bool:
+        return self.fixed_shapes if self.fixed_shapes is not None else self.device.type != "cpu"
 
     @property
     def forward_path(self) -> str:
@@ -142,8 +166,24 @@ class Detector:
     def provenance(self) -> dict:
         """What produced the features: preset, configs, weights (path + sha256 or random), versions."""
         return provenance(
-            self.preset, self.config, self.selection, self._weights, self.feature_dim, self.grid
+            self.preset,
+            self.config,
+            self.selection,
+            self._weights,
+            self.feature_dim,
+            self.grid,
+            self.call_shape,
         )
+
+    @property
+    def call_shape(self) -> dict:
+        """The network's call shape on this device, whatever the number of images `detect` is given: the
+        batched forward runs the trunk on `canvases` slots (blank ones fill a short batch) and res5 on
+        `roi_rows` RoIs per call; the per-image forward runs each image alone."""
+        if self.forward_path == "per-image":
+            return {"forward": "per-image"}
+        rows = None if self.grid is not None else self.forward_batch * self.config.post_nms_topk
+        return {"forward": "batched", "canvases": self.forward_batch, "roi_rows": rows}
 
     def detect(
         self,
@@ -185,6 +225,10 @@ class Detector:
                     original_sizes = [im.shape[:2] for im in loaded]
                 else:
                     resized = loaded
+            input_hws = [im.shape[:2] for im in resized]
+            if batch is not None and self.grid is None:
+                return self._detect_batched(resized, ids, original_sizes, stage)
+            with stage("preprocess"):
                 inputs = [
                     batch_images([im], cfg.pixel_mean, cfg.pixel_std, self.device)[0][0] for im in resized
                 ]
@@ -196,35 +240,72 @@ class Detector:
                             out,
                             img_id,
                             size,
-                            im.shape[:2],
+                            hw,
                             self.grid,
                             self.selection.rule,
                             self.selection.class_probs,
                         )
-                        for out, img_id, size, im in zip(cells, ids, original_sizes, resized, strict=True)
+                        for out, img_id, size, hw in zip(cells, ids, original_sizes, input_hws, strict=True)
                     ]
-            if batch is None:
-                outputs = self.model(inputs, stage)
-                with stage("selection"):
-                    return [
-                        to_record(out, img_id, size, im.shape[:2], self.selection, self._roi_coder)
-                        for out, img_id, size, im in zip(outputs, ids, original_sizes, resized, strict=True)
-                    ]
-            outputs = self.model.forward_batched(inputs, stage, batch, sides)
-            input_hws = [im.shape[:2] for im in resized]
-            with stage("selection"):  # `batch` images at a time (on accelerators one host sync each)
-                return [
-                    record
-                    for s in range(0, len(outputs), batch)
-                    for record in to_records(
-                        outputs[s : s + batch],
-                        ids[s : s + batch],
-                        original_sizes[s : s + batch],
-                        input_hws[s : s + batch],
-                        self.selection,
-                        self._roi_coder,
-                    )
-                ]
+            outputs = self.model(inputs, stage)
+            with stage("selection"):
+                return to_records(
+                    outputs,
+                    ids,
+                    original_sizes,
+                    input_hws,
+                    self.selection,
+                    self._roi_coder,
+                    self.fixed_shapes,
+                )
+
+    def _detect_batched(
+        self,
+        resized: list[np.ndarray],
+        ids: list[str],
+        original_sizes: list[tuple[int, int]],
+        stage: _StageTimer,
+    ) -> list[RegionFeatures]:
+        """`detect`'s batched forward: `forward_batch` canvases per call, uploaded once per call; with fixed
+        shapes (the caffe rule) each call's regions stay on the device, all downloaded in one copy at the
+        end: one host sync for the whole list."""
+        cfg, batch = self.config, self.forward_batch
+        input_hws = [tuple(im.shape[:2]) for im in resized]
+        padded = self.selection.rule == "caffe" and self._fixed_shapes
+        if self._pixel_buffers is None or self._pixel_buffers[0].device != self.device:
+            mean = torch.tensor(cfg.pixel_mean, dtype=torch.float32).view(3, 1, 1)
+            std = torch.tensor(cfg.pixel_std, dtype=torch.float32).view(3, 1, 1)
+            self._pixel_buffers = (mean.to(self.device), std.to(self.device))
+        records: list[RegionFeatures | None] = [None] * len(resized)
+        pending = []
+        for canvas, idx in canvas_groups(input_hws, batch, (cfg.min_size, cfg.max_size)):
+            with stage("preprocess"):
+                x = canvas_batch([resized[i] for i in idx], batch, canvas, *self._pixel_buffers)
+            sizes = [input_hws[i] for i in idx] + [(0, 0)] * (batch - len(idx))
+            out = self.model.forward_canvas(x, sizes, stage, self._fixed_shapes)
+            with stage("selection"):
+                chunk = ([input_hws[i] for i in idx], [original_sizes[i] for i in idx])
+                if padded:
+                    pending.append((idx, padded_regions(out, len(idx), *chunk, self.selection)))
+                    continue
+                got = to_records(
+                    out.images(len(idx)),
+                    [ids[i] for i in idx],
+                    chunk[1],
+                    chunk[0],
+                    self.selection,
+                    self._roi_coder,
+                    self.fixed_shapes,
+                )
+                for i, record in zip(idx, got, strict=True):
+                    records[i] = record
+        with stage("selection"):
+            fields = download([f for _, f in pending])
+            for (idx, _), host in zip(pending, fields, strict=True):
+                got = padded_records(host, [ids[i] for i in idx], [original_sizes[i] for i in idx])
+                for i, record in zip(idx, got, strict=True):
+                    records[i] = record
+        return records
 
 
 class _StageTimer:

@@ -9,10 +9,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from extraction.box_coder import BoxCoder, clip_boxes
+from extraction.backbone import upload
+from extraction.box_coder import BoxCoder, clip_boxes, clip_boxes_to
 from extraction.grid import GridConfig, GridOutputs
-from extraction.rcnn import ImageOutputs
-from extraction.selection import RULES, Selection, SelectionConfig, select, select_caffe_batched
+from extraction.rcnn import CanvasOutputs, ImageOutputs
+from extraction.selection import (
+    RULES,
+    Selection,
+    SelectionConfig,
+    select,
+    select_caffe_batched,
+    select_caffe_padded,
+)
 from storage import RegionFeatures
 
 
@@ -45,8 +53,8 @@ def attribute_confidence(attr_logits: torch.Tensor, rule: str) -> tuple[torch.Te
     """(confidence, id) of the best real attribute of each region (R, A+1 logits, "no attribute" last),
     in the convention of the selection rule's source (ATTRIBUTE_SOFTMAX_WITH_NONE)."""
     if ATTRIBUTE_SOFTMAX_WITH_NONE[rule]:
-        return F.softmax(attr_logits, dim=-1)[:, :-1].max(dim=1)
-    return F.softmax(attr_logits[:, :-1], dim=-1).max(dim=1)
+        return F.softmax(attr_logits, dim=-1)[..., :-1].max(dim=-1)
+    return F.softmax(attr_logits[..., :-1], dim=-1).max(dim=-1)
 
 
 def rescale(boxes: torch.Tensor, input_hw: tuple[int, int], orig_hw: tuple[int, int]) -> torch.Tensor:
@@ -125,6 +133,87 @@ def _region_record(
         attrs_conf=_numpy(attrs_conf, np.float32),
         class_probs=_numpy(decoded.probs[chosen.index], np.float32) if selection.class_probs else None,
     )
+
+
+def padded_regions(
+    out: CanvasOutputs,
+    n: int,
+    input_hws: list[tuple[int, int]],
+    orig_hws: list[tuple[int, int]],
+    selection: SelectionConfig,
+) -> dict[str, torch.Tensor]:
+    """The caffe rule's regions of a canvas batch's first `n` slots, gathered on the device on fixed shapes
+    without a host sync: each record field (n, K, ...) and `count` (n,); image i's record holds the first
+    count[i] rows, the bits `to_record` writes."""
+    probs = F.softmax(out.cls_logits[:n], dim=-1)
+    rows, count = select_caffe_padded(out.proposals[:n], probs, out.valid[:n], selection)
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t[:n].gather(1, rows[..., None].expand(-1, -1, t.shape[-1]))
+
+    scores, classes = take(probs)[..., :-1].max(dim=-1)
+    # per image: the x and y scales (`rescale`, float32 as there) and the original size, in one copy up
+    pairs = zip(input_hws, orig_hws, strict=True)
+    sizes = [[ow / iw, oh / ih, ow / iw, oh / ih, oh, ow] for (ih, iw), (oh, ow) in pairs]
+    sizes = upload(torch.tensor(sizes, dtype=torch.float32), probs.device)[:, None]
+    attrs_conf, attrs_id = attribute_confidence(take(out.attr_logits), selection.rule)
+    fields = {
+        "boxes": clip_boxes_to(take(out.proposals) * sizes[..., :4], sizes[..., 4:]),
+        "features": take(out.features),
+        "objects_id": classes,
+        "objects_conf": scores,
+        "attrs_id": attrs_id,
+        "attrs_conf": attrs_conf,
+        "count": count,
+    }
+    if selection.class_probs:
+        fields["class_probs"] = take(probs)
+    return fields
+
+
+def download(batches: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]:
+    """Device tensors to host arrays in one copy: every tensor's bytes in one buffer."""
+    if not batches:
+        return []
+    flat = [t.reshape(-1).view(torch.uint8) for fields in batches for t in fields.values()]
+    data = torch.cat(flat).cpu().numpy()  # the one host sync
+    host, offset = [], 0
+    for fields in batches:
+        arrays = {}
+        for name, t in fields.items():
+            size = t.numel() * t.element_size()
+            dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+            arrays[name] = data[offset : offset + size].view(dtype).reshape(t.shape)
+            offset += size
+        host.append(arrays)
+    return host
+
+
+def padded_records(
+    fields: dict[str, np.ndarray],
+    img_ids: list[str],
+    orig_hws: list[tuple[int, int]],
+) -> list[RegionFeatures]:
+    """The records of `padded_regions`' downloaded fields."""
+    records = []
+    for i, (img_id, (h, w)) in enumerate(zip(img_ids, orig_hws, strict=True)):
+        n = int(fields["count"][i])
+        probs = fields.get("class_probs")
+        records.append(
+            RegionFeatures(
+                img_id=img_id,
+                img_h=int(h),
+                img_w=int(w),
+                boxes=fields["boxes"][i, :n].astype(np.float32),
+                features=fields["features"][i, :n].astype(np.float32),
+                objects_id=fields["objects_id"][i, :n].astype(np.int64),
+                objects_conf=fields["objects_conf"][i, :n].astype(np.float32),
+                attrs_id=fields["attrs_id"][i, :n].astype(np.int64),
+                attrs_conf=fields["attrs_conf"][i, :n].astype(np.float32),
+                class_probs=probs[i, :n].astype(np.float32) if probs is not None else None,
+            )
+        )
+    return records
 
 
 def to_grid_record(

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps
 
+from extraction.backbone import upload
+
 MAX_PIXELS = 50_000_000
 MAX_FILE_BYTES = 64 << 20  # a 50 MP JPEG is ~25 MB; bigger files are refused before they are read
 # peak memory of load_resized per decoded pixel, measured at 49 MP (tests/benchmarks/bench_decode.py):
@@ -365,3 +367,25 @@ def batch_images(
         x = x.to(device, torch.float32)
         batch[i, :, : im.shape[0], : im.shape[1]] = (x - mean) / std
     return batch, sizes
+
+
+def canvas_batch(
+    images: list[np.ndarray],
+    slots: int,
+    canvas_hw: tuple[int, int],
+    pixel_mean: torch.Tensor,
+    pixel_std: torch.Tensor,
+) -> torch.Tensor:
+    """Resized BGR images in the top-left corners of `slots` canvases (blank ones after them), normalised
+    as `batch_images` does and zero beyond each image: (slots, 3, H, W) on the device of the (3, 1, 1)
+    mean and std buffers, from one upload of uint8 pixels and one of the images' extents."""
+    h, w = canvas_hw
+    pixels = np.zeros((slots, 3, h, w), np.uint8)
+    inside = np.zeros((slots, 1, h, w), bool)
+    for slot, im in enumerate(images):
+        pixels[slot, :, : im.shape[0], : im.shape[1]] = im.transpose(2, 0, 1)
+        inside[slot, :, : im.shape[0], : im.shape[1]] = True
+    device = pixel_mean.device
+    x = upload(torch.from_numpy(pixels), device)
+    inside_t = upload(torch.from_numpy(inside), device)
+    return torch.where(inside_t, (x.to(torch.float32) - pixel_mean) / pixel_std, 0.0)

@@ -49,10 +49,12 @@ def provenance(
     weights: dict,
     feature_dim: int,
     grid: GridConfig | None = None,
+    call_shape: dict | None = None,
 ) -> dict:
     """What produced the features: preset, configs, weights (path + sha256 or random), versions, and
     whether they are regions or grid cells (then the grid, how it was pooled, and its cell count as the
-    box counts)."""
+    box counts); `call_shape`, when given, the network's fixed call shape (forward path, canvases per
+    trunk call, RoIs per RoI-head call), which decides the records' last bits."""
     import cv2
     import PIL
     import torchvision
@@ -76,6 +78,7 @@ def provenance(
         "max_boxes": max_boxes,
         "feature_dim": int(feature_dim),
         "tf32": False,  # Detector.detect runs CUDA matmuls and convolutions in IEEE float32
+        **({"call_shape": dict(call_shape)} if call_shape is not None else {}),
         **(
             {"classes": weights["classes"], "attributes": weights["attributes"]}
             if "classes" in weights

@@ -58,9 +58,16 @@ def canvas_batches(
 ) -> list[tuple[tuple[int, int], list[int]]]:
     """(canvas (H, W), indices) of each batch of at most `batch_size` images sharing a canvas (`canvas_of`),
     in order of first appearance."""
+    return canvas_groups([tuple(image.shape[-2:]) for image in images], batch_size, sides)
+
+
+def canvas_groups(
+    sizes: list[tuple[int, int]], batch_size: int, sides: tuple[int, int] | None = None
+) -> list[tuple[tuple[int, int], list[int]]]:
+    """`canvas_batches` of images of these (h, w)."""
     groups: dict[tuple[int, int], list[int]] = {}
-    for i, image in enumerate(images):
-        groups.setdefault(canvas_of(*image.shape[-2:], sides), []).append(i)
+    for i, (h, w) in enumerate(sizes):
+        groups.setdefault(canvas_of(h, w, sides), []).append(i)
     return [
         (canvas, idx[start : start + batch_size])
         for canvas, idx in groups.items()
@@ -78,6 +85,28 @@ class ImageOutputs:
     cls_logits: torch.Tensor  # (R, C+1), background last
     deltas: torch.Tensor  # (R, 4C) class-specific box deltas relative to the proposals
     attr_logits: torch.Tensor  # (R, A+1), "no attribute" last
+
+
+@dataclass
+class CanvasOutputs:
+    """A canvas batch's outputs on fixed shapes: each slot's `post_nms_topk` proposal rows, the first
+    `valid` ones its proposals (as `ImageOutputs`), the rest zeros."""
+
+    proposals: torch.Tensor  # (B, R, 4)
+    objectness: torch.Tensor  # (B, R)
+    valid: torch.Tensor  # (B, R) bool
+    features: torch.Tensor  # (B, R, feature_dim)
+    cls_logits: torch.Tensor  # (B, R, C+1)
+    deltas: torch.Tensor  # (B, R, 4C)
+    attr_logits: torch.Tensor  # (B, R, A+1)
+
+    def images(self, n: int) -> list[ImageOutputs]:
+        """The first `n` slots as `ImageOutputs` (one host sync: the proposal counts)."""
+        counts = self.valid[:n].sum(1).tolist()
+        return [
+            ImageOutputs(*(getattr(self, f)[slot, :count] for f in ImageOutputs.__dataclass_fields__))
+            for slot, count in enumerate(counts)
+        ]
 
 
 def _untimed(name: str) -> contextlib.AbstractContextManager:
@@ -161,41 +190,55 @@ class VGFasterRCNN(nn.Module):
         canvas_sides: tuple[int, int] | None = None,
     ) -> list[ImageOutputs]:
         """`forward` for accelerators: images sharing a canvas (`canvas_of`; `canvas_sides` = the detector's
-        (min_size, max_size)) go through the trunk together, `batch_size` at a time, and the proposals of
-        each `batch_size` images through the RoI head in one call.
+        (min_size, max_size)) go through `forward_canvas` `batch_size` at a time.
 
         Every call has a fixed shape (a batch short of `batch_size` is filled with blank canvases, the RoI
         head's call with blank RoIs) and each image's activations are masked to its own extent, so an
         image's outputs are bit for bit the same alone or in any batch; against `forward` they differ only
         in rounding (other convolution shapes)."""
-        found: list[tuple | None] = [None] * len(images)  # each image's res4 map, proposals, objectness
-        rpn = self.proposal_generator
-        with self._autocast(images[0].device if images else torch.device("cpu")):
-            for canvas, idx in canvas_batches(images, batch_size, canvas_sides):
-                with stage("backbone"):
-                    res4, mask = self._canvas_trunk(images, idx, canvas, batch_size)
-                    extents = mask.at(tuple(res4.shape[-2:]))
-                with stage("rpn"):
-                    logits, deltas = rpn.rpn_head(res4.contiguous())
-                    for slot, i in enumerate(idx):
-                        fh, fw = extents[slot]
-                        scores, d = rpn.flatten(
-                            logits[slot : slot + 1, :, :fh, :fw], deltas[slot : slot + 1, :, :fh, :fw]
-                        )
-                        boxes, obj = rpn.proposals(scores, d, (fh, fw), tuple(images[i].shape[-2:]))
-                        found[i] = (res4[slot : slot + 1, :, :fh, :fw], boxes, obj)
-            out = []
-            for start in range(0, len(images), batch_size):
-                chunk = found[start : start + batch_size]
-                with stage("roi_head"):
-                    rois = self.roi_heads.forward_images(
-                        [c[0] for c in chunk], [c[1] for c in chunk], batch_size * rpn.post_nms_topk
-                    )
-                out.extend(
-                    ImageOutputs(boxes, obj, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits)
-                    for (_, boxes, obj), roi in zip(chunk, rois, strict=True)
-                )
+        out: list[ImageOutputs | None] = [None] * len(images)
+        for canvas, idx in canvas_batches(images, batch_size, canvas_sides):
+            x = images[idx[0]].new_zeros((batch_size, 3, *canvas))
+            sizes = [(0, 0)] * batch_size
+            for slot, i in enumerate(idx):
+                h, w = images[i].shape[-2:]
+                x[slot, :, :h, :w] = images[i]
+                sizes[slot] = (h, w)
+            for i, image_out in zip(idx, self.forward_canvas(x, sizes, stage).images(len(idx)), strict=True):
+                out[i] = image_out
         return out
+
+    def forward_canvas(
+        self,
+        x: torch.Tensor,
+        sizes: list[tuple[int, int]],
+        stage: StageTimer = _untimed,
+        fixed_shapes: bool | None = None,
+    ) -> CanvasOutputs:
+        """A canvas batch (B, 3, H, W), normalised and zero beyond each slot's image of (h, w) ((0, 0) for a
+        blank slot) -> every slot's proposals and RoI outputs on fixed shapes, without a host sync: the
+        trunk, the RPN head, the proposals (`RPN.proposals_batched`) and the RoI head (B x post_nms_topk
+        RoIs) run once each for the whole batch. `fixed_shapes` (default: on accelerators) picks the
+        proposals' NMS: fixed-step greedy for the batch, or torchvision's per image (faster on a CPU)."""
+        rpn = self.proposal_generator
+        with self._autocast(x.device):
+            with stage("backbone"):
+                mask = CanvasMask(sizes, tuple(x.shape[-2:]))
+                res4 = self.backbone(x, mask)
+            with stage("rpn"):
+                logits, deltas = rpn.rpn_head(res4.contiguous())
+                extents = mask.on(tuple(res4.shape[-2:]), x.device)
+                image_hws = mask.on(tuple(x.shape[-2:]), x.device)
+                if fixed_shapes is None:
+                    fixed_shapes = x.device.type != "cpu"
+                boxes, objectness, valid = rpn.proposals_batched(
+                    logits, deltas, extents, image_hws, fixed_shapes
+                )
+            with stage("roi_head"):
+                roi = self.roi_heads.forward_padded(res4, boxes)
+        return CanvasOutputs(
+            boxes, objectness, valid, roi.features, roi.cls_logits, roi.deltas, roi.attr_logits
+        )
 
     def _canvas_trunk(
         self, images: list[torch.Tensor], idx: list[int], canvas: tuple[int, int], batch_size: int

@@ -77,29 +77,22 @@ class Res5ROIHeads(nn.Module):
             cls_logits, deltas, attr_logits = self.box_predictor(x)
         return RoIOutputs(x, cls_logits, deltas, attr_logits)
 
-    def forward_images(
-        self, features: list[torch.Tensor], boxes: list[torch.Tensor], rows: int
-    ) -> list[RoIOutputs]:
-        """Several images' res4 maps (each (1, C, H, W)) and proposals, all through res5 and the predictor in
-        one call of `rows` RoIs (filled with blank RoIs): every call has one shape, so an image's outputs
-        do not depend on how many RoIs its batch-mates have."""
-        x = self.pooled_features(features, boxes, rows)
+    def forward_padded(self, features: torch.Tensor, boxes: torch.Tensor) -> RoIOutputs:
+        """A canvas batch's res4 maps (B, C, H, W) and each slot's boxes (B, R, 4) -> outputs (B, R, ...):
+        one pool and one res5 call of B x R RoIs. Pooling the canvas equals pooling each image's own map:
+        beyond an image the canvas holds masked zeros and res4 is a ReLU output (>= 0), so a bin's
+        maximum is the one over the image's positions (0 for a bin wholly outside, as RoIPool gives)."""
+        b, r = boxes.shape[:2]
+        slots = torch.arange(b, dtype=torch.float32, device=boxes.device)[:, None, None].expand(b, r, 1)
+        rois = torch.cat([slots, boxes.float()], 2).view(-1, 5)
+        x = self.pooler(features.float().contiguous(), rois)
+        x = self.res5(x.contiguous(memory_format=self.memory_format)).mean(dim=(2, 3), dtype=torch.float32)
         with torch.autocast(x.device.type, enabled=False):
             cls_logits, deltas, attr_logits = self.box_predictor(x)
-        out, start = [], 0
-        for b in boxes:
-            end = start + b.shape[0]
-            out.append(
-                RoIOutputs(x[start:end], cls_logits[start:end], deltas[start:end], attr_logits[start:end])
-            )
-            start = end
-        return out
+        return RoIOutputs(*(t.view(b, r, -1) for t in (x, cls_logits, deltas, attr_logits)))
 
-    def pooled_features(
-        self, features: list[torch.Tensor], boxes: list[torch.Tensor], rows: int | None = None
-    ) -> torch.Tensor:
-        """Images' res4 maps (each (1, C, H, W)) and their boxes -> (sum R, out_channels), images in order;
-        with `rows`, res5 runs on that many RoIs, the ones past the boxes blank (zeros), all returned."""
+    def pooled_features(self, features: list[torch.Tensor], boxes: list[torch.Tensor]) -> torch.Tensor:
+        """Images' res4 maps (each (1, C, H, W)) and their boxes -> (sum R, out_channels), images in order."""
         # pooled in float32 (box coordinates lose pixels in fp16, and max-pooling is exact anyway) from an
         # NCHW copy of the small res4 map: RoIPool reads channels-last several times slower
         pooled = []
@@ -107,8 +100,6 @@ class Res5ROIHeads(nn.Module):
             rois = torch.cat([b.new_zeros((b.shape[0], 1)), b], dim=1)
             pooled.append(self.pooler(f.float().contiguous(), rois.float()))
         x = torch.cat(pooled) if len(pooled) > 1 else pooled[0]
-        if rows is not None and rows > x.shape[0]:
-            x = torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
         return self.res5(x.contiguous(memory_format=self.memory_format)).mean(dim=(2, 3), dtype=torch.float32)
 
     def sample_proposals(

@@ -19,7 +19,6 @@ from torchvision.ops import batched_nms, nms
 
 CAFFE_FLOORS = (0.05, 0.01, 0.0)
 BATCHED_NMS_ELEMENTS = 1 << 24  # images x classes x proposals per greedy pass of the batched caffe rule
-PACK_BITS = 32  # suppression bits per int64 word (the sign bit stays clear)
 
 
 @dataclass(frozen=True)
@@ -130,58 +129,41 @@ def per_class_max_conf_batched(
     rows past an image's proposals -> (B, R), 0 on those rows.
 
     Fixed shapes, no host sync: the proposals' IoU is shared by all classes, and greedy NMS runs for every
-    (image, class) at once in R steps, each class's rows in decreasing score, ties lower proposal first
-    (as a stable sort). Suppression sets are bit-packed: a step moves B x C x R/32 words, not R bools."""
+    (image, class) at once in R steps of four ops, each class's rows in decreasing score, ties lower
+    proposal first (as a stable sort)."""
     b, r, c = fg.shape
-    suppresses = _pack_bits(nms_suppression(boxes, nms_thresh))  # (B, R, W)
-    suppresses = torch.cat([suppresses, suppresses.new_zeros(b, 1, suppresses.shape[-1])], 1)  # row R: none
-    padding = _pack_bits(~valid)  # rows past an image's proposals start suppressed
+    suppresses = nms_suppression(boxes, nms_thresh)
+    # row R suppresses nothing: a suppressed box's step ORs it in, so a step needs no branch
+    suppresses = torch.cat([suppresses, suppresses.new_zeros(b, 1, r)], 1)
     max_conf = fg.new_zeros(b, r)
     step = max(1, BATCHED_NMS_ELEMENTS // max(b * r, 1))
     for start in range(0, c, step):
         scores = fg[:, :, start : start + step].transpose(1, 2).masked_fill(~valid[:, None, :], -1.0)
         order = scores.argsort(dim=2, descending=True, stable=True)  # (B, c, R): rows by class score
-        word, bit = order // PACK_BITS, 1 << (order % PACK_BITS)
-        suppressed = padding[:, None, :].repeat(1, order.shape[1], 1)  # (B, c, W)
-        rows = torch.empty_like(suppressed)  # one buffer: a fresh megabyte per step page-faults on CPU
-        keeps = []  # by rank
+        suppressed = (~valid)[:, None, :].repeat(1, order.shape[1], 1)  # padding rows start suppressed
+        rows = torch.empty_like(suppressed)  # one buffer: a fresh one per step page-faults on CPU
+        dropped = []  # by rank
         for k in range(r):
-            keep = (suppressed.gather(2, word[:, :, k : k + 1]) & bit[:, :, k : k + 1]) == 0
-            keeps.append(keep)
-            row = torch.where(keep, order[:, :, k : k + 1], r)
+            gone = suppressed.gather(2, order[:, :, k : k + 1])
+            dropped.append(gone)
+            row = torch.where(gone, r, order[:, :, k : k + 1])
             suppressed |= torch.gather(suppresses, 1, row.expand_as(rows), out=rows)
         kept = torch.zeros_like(order, dtype=torch.bool)
-        kept.scatter_(2, order, torch.cat(keeps, 2))  # by proposal
+        kept.scatter_(2, order, ~torch.cat(dropped, 2))  # by proposal
         max_conf = torch.maximum(max_conf, torch.where(kept, scores, 0.0).amax(dim=1))
     return max_conf
 
 
-def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """(..., N) bools -> (..., ceil(N / PACK_BITS)) int64 words, bit j of word w = bits[w * PACK_BITS + j]."""
-    n = bits.shape[-1]
-    words = -(-n // PACK_BITS)
-    padded = bits.new_zeros(*bits.shape[:-1], words * PACK_BITS)
-    padded[..., :n] = bits
-    shifts = torch.arange(PACK_BITS, device=bits.device)
-    return (padded.view(*bits.shape[:-1], words, PACK_BITS).long() << shifts).sum(-1)
-
-
-def select_caffe_batched(
-    proposals: list[torch.Tensor], probs: list[torch.Tensor], cfg: SelectionConfig
-) -> list[Selection]:
-    """`select_caffe` of each image, computed for all of them together on fixed shapes: the same regions in
-    the same order, with one host sync (the kept counts) for the whole list."""
-    sizes = [p.shape[0] for p in proposals]
-    if not sizes or max(sizes) == 0:
-        return [select_caffe(p, q, cfg) for p, q in zip(proposals, probs, strict=True)]
-    boxes = pad_sequence(list(proposals), batch_first=True)
-    fg = pad_sequence([q[:, :-1] for q in probs], batch_first=True)
-    # built on the device: a tensor of the sizes copied up would be a host sync
-    valid = pad_sequence([q.new_ones(q.shape[0], dtype=torch.bool) for q in probs], batch_first=True)
+def select_caffe_padded(
+    proposals: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor, cfg: SelectionConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_caffe` of a padded batch (proposals (B, R, 4), probs (B, R, C+1), valid (B, R)) on fixed
+    shapes without a host sync: (rows (B, K) into the proposals, K = min(max_boxes, R), and each image's
+    kept count (B,)); an image's regions are rows[i, :count[i]], the same in the same order."""
     count = valid.sum(1)
     # select_caffe's floors only spare it work: where its loop stops, the rows it ranks have their exact
     # max_conf and all the others rank below them, so ranking the exact values keeps the same rows
-    max_conf = per_class_max_conf_batched(boxes, fg, valid, cfg.nms_thresh)
+    max_conf = per_class_max_conf_batched(proposals, probs[..., :-1], valid, cfg.nms_thresh)
     max_conf = torch.where(valid, max_conf, -1.0)  # padding sorts last and never passes
     passing = max_conf >= cfg.conf_thresh
     passed = passing.sum(1)
@@ -190,6 +172,21 @@ def select_caffe_batched(
     few, many = passed < cfg.min_boxes, passed > cfg.max_boxes
     kept = torch.where(few, count.clamp(max=cfg.min_boxes), torch.where(many, cfg.max_boxes, passed))
     rows = torch.where((few | many)[:, None], by_conf, in_order)
+    return rows[:, : cfg.max_boxes], kept
+
+
+def select_caffe_batched(
+    proposals: list[torch.Tensor], probs: list[torch.Tensor], cfg: SelectionConfig
+) -> list[Selection]:
+    """`select_caffe` of each image, computed for all of them together on fixed shapes
+    (`select_caffe_padded`): the same regions in the same order, one host sync (the kept counts)."""
+    sizes = [p.shape[0] for p in proposals]
+    if not sizes or max(sizes) == 0:
+        return [select_caffe(p, q, cfg) for p, q in zip(proposals, probs, strict=True)]
+    # the validity mask is built on the device: a tensor of the sizes copied up would be a host sync
+    valid = pad_sequence([q.new_ones(q.shape[0], dtype=torch.bool) for q in probs], batch_first=True)
+    boxes, scores = (pad_sequence(list(t), batch_first=True) for t in (proposals, probs))
+    rows, kept = select_caffe_padded(boxes, scores, valid, cfg)
     selections = []
     for i, n in enumerate(kept.tolist()):  # the one host sync
         keep = rows[i, :n]

@@ -39,6 +39,7 @@ def _variant(det: Detector, **changes) -> Detector:
         grid=det.grid,
         forward=det.forward,
         forward_batch=det.forward_batch,
+        fixed_shapes=det.fixed_shapes,
     )
     fields.update(changes)
     return Detector(det.model, det.config, **fields)
@@ -187,3 +188,51 @@ def test_batched_selection_gives_the_per_image_records(small_detector, images):
         want = [to_record(*args, sel, coder) for args in zip(outs, ids, orig_hws, input_hws, strict=True)]
         for g, w in zip(got, want, strict=True):
             assert _same(g, w) and np.array_equal(g.class_probs, w.class_probs), (changes, g.img_id)
+
+
+def test_regions_gathered_on_the_device_are_the_per_image_selection_records(small_detector, images):
+    """The batched path's caffe regions, selected and gathered on fixed shapes and downloaded in one copy,
+    are bit for bit the records the per-image selection writes from the same network outputs."""
+    base = _variant(small_detector, forward="batched", forward_batch=4)
+    ids = [f"im{i}" for i in range(len(images))]
+    settings = ({}, {"min_boxes": 36, "max_boxes": 36}, {"conf_thresh": 0.0, "class_probs": True})
+    for changes in settings:
+        sel = dataclasses.replace(small_detector.selection, **changes)
+        got = _variant(base, selection=sel, fixed_shapes=True).detect(images, ids)
+        want = _variant(base, selection=sel, fixed_shapes=False).detect(images, ids)
+        for g, w in zip(got, want, strict=True):
+            assert _same(g, w), (changes, g.img_id)
+            assert (g.class_probs is None) == (w.class_probs is None)
+            assert g.class_probs is None or np.array_equal(g.class_probs, w.class_probs)
+
+
+def test_batched_proposals_are_each_slots_own_proposals(small_detector, images, small_canvases):
+    """`RPN.proposals_batched` (masked scores, fixed-step greedy NMS, or torchvision's slot by slot) gives
+    each slot what `RPN.proposals` gives for the slot's own part of the canvas, bit for bit."""
+    cfg, model = small_detector.config, small_detector.model
+    rpn = model.proposal_generator
+    inputs = [
+        batch_images(
+            [resize_image(im, cfg.min_size, cfg.max_size)], cfg.pixel_mean, cfg.pixel_std, torch.device("cpu")
+        )[0][0]
+        for im in images
+    ]
+    for canvas, idx in rcnn.canvas_batches(inputs, 4, (cfg.min_size, cfg.max_size)):
+        with torch.inference_mode():
+            res4, mask = model._canvas_trunk(inputs, idx, canvas, 4)
+            logits, deltas = rpn.rpn_head(res4.contiguous())
+            extents, sizes = (mask.on(hw, res4.device) for hw in (tuple(res4.shape[-2:]), canvas))
+            for fixed in (True, False):
+                boxes, scores, valid = rpn.proposals_batched(logits, deltas, extents, sizes, fixed)
+                for slot, i in enumerate(idx):
+                    fh, fw = mask.at(tuple(res4.shape[-2:]))[slot]
+                    s, d = rpn.flatten(
+                        logits[slot : slot + 1, :, :fh, :fw], deltas[slot : slot + 1, :, :fh, :fw]
+                    )
+                    want_boxes, want_scores = rpn.proposals(s, d, (fh, fw), tuple(inputs[i].shape[-2:]))
+                    n = want_boxes.shape[0]
+                    assert valid[slot, :n].all() and not valid[slot, n:].any()
+                    assert torch.equal(boxes[slot, :n], want_boxes) and torch.equal(
+                        scores[slot, :n], want_scores
+                    )
+                assert not valid[len(idx) :].any()  # blank slots

@@ -148,7 +148,6 @@ def build_kwargs(cfg: ExtractConfig, device: str) -> dict:
     return dict(
         grid=grid.spec if grid is not None else None,
         forward=cfg.forward,
-        forward_batch=cfg.batch_size,
         preset=cfg.preset,
         weights=cfg.weights,
         device=device,

@@ -82,7 +82,8 @@ def test_forward_and_workers_auto_reach_the_config_the_detector_and_the_cluster_
     assert _resolve(["imgs", "--out", "f.lmdb", "--workers", "3"]).workers == 3
     assert _resolve(["imgs", "--out", "f.lmdb"]).forward == "auto"
     kwargs = build_kwargs(cfg, "cpu")
-    assert (kwargs["forward"], kwargs["forward_batch"]) == ("batched", 6)
+    # the job's batch size is how many images travel together; the network's call shape is the detector's
+    assert kwargs["forward"] == "batched" and "forward_batch" not in kwargs
     args = build_parser().parse_args(["extract", *argv])
     assert vars(build_parser().parse_args(cluster_argv(args))) == vars(args)
     path = tmp_path / "extract.yaml"

@@ -297,6 +297,41 @@ def test_decoders_resize_to_the_working_size_and_replicas_write_what_detect_give
         np.testing.assert_array_equal(got.features, exp.features)
 
 
+def test_a_batched_record_does_not_depend_on_the_job_batch_size(tmp_path):
+    """The job's --batch-size only says how many images travel together: the network runs at the detector's
+    own call shape (recorded in the provenance), so every record is bit for bit the same at 1, 4 or 6."""
+    import torch
+
+    from pipelines.jobs.extract.actors import Replica, decode_images
+    from pipelines.jobs.extract.config import build_kwargs, working_size
+
+    make_images(tmp_path / "imgs", 7, seed=3)
+    items = list(iter_images([tmp_path / "imgs"]))
+    threads = torch.get_num_threads()
+    runs = {}
+    try:
+        for size in (1, 4, 6):
+            cfg = config(tmp_path / "imgs", tmp_path / "x.lmdb", forward="batched", batch_size=size)
+            replica = Replica(build_kwargs(cfg, "cpu"), threads=1)
+            shape = replica.det.provenance()["call_shape"]
+            assert shape["forward"] == "batched" and shape["canvases"] == replica.det.forward_batch
+            records = []
+            for start in range(0, len(items), size):
+                chunk = items[start : start + size]
+                got, failures = replica.detect(decode_images(chunk, timeout=10, working=working_size(cfg)))
+                assert not failures
+                records.extend(got)
+            runs[size] = records
+    finally:
+        torch.set_num_threads(threads)
+    fields = ("boxes", "features", "objects_id", "objects_conf", "attrs_id", "attrs_conf")
+    for size in (4, 6):
+        assert [r.img_id for r in runs[size]] == [r.img_id for r in runs[1]]
+        for got, want in zip(runs[size], runs[1], strict=True):
+            for field in fields:
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+
+
 def test_duplicate_ids_fail_before_any_work_naming_both_files(tmp_path):
     from pipelines.jobs.extract.driver import run_extract
 
