@@ -149,6 +149,22 @@ def differences(
     """How features made with these `Detector.build` arguments would differ from the extraction `recorded`
     by `provenance`: one "name recorded (here: value)" per differing setting, the weights by their sha256;
     empty when they would be made alike. Entries `recorded` lacks (older stores) are not compared."""
+    here = expected_provenance(preset, weights, selection, min_boxes, max_boxes, grid, **overrides)
+    return provenance_differences(recorded, here)
+
+
+def expected_provenance(
+    preset: str = DEFAULT_PRESET,
+    weights: str | Path | None = None,
+    selection: str = "caffe",
+    min_boxes: int = 36,
+    max_boxes: int = 36,
+    grid: str | GridConfig | None = None,
+    **overrides,
+) -> dict:
+    """The provenance an extraction with these `Detector.build` arguments records (this process's
+    versions), without building the detector: a detector directory's own architecture and names, the
+    weights by their sha256."""
     from extraction.weights import resolve_detector, weights_file
 
     config, sel, preset, _, _ = resolve_detector(
@@ -159,7 +175,13 @@ def differences(
     info = {"path": "random", "sha256": None}
     if weights is not None:
         info = {"path": str(weights), "sha256": sha256(weights_file(weights))}
-    return provenance_differences(recorded, provenance(preset, config, sel, info, config.feature_dim, grid))
+    return provenance(preset, config, sel, info, config.feature_dim, grid)
+
+
+def deciding_entries(record: dict) -> dict:
+    """The entries of a provenance that decide what the features are (the weights by their sha256, the
+    configs as resolved), not where the weights lie, how the settings were spelled, nor the versions."""
+    return {key: record.get(key) for key in (*_DECIDING, "config", "selection_config")}
 
 
 def provenance_differences(recorded: dict, here: dict) -> list[str]:
