@@ -280,6 +280,8 @@ class TrainingRun:
         # the steps since then whose terms are still on the device: (step, terms), read at the next settle
         self.pending: list[tuple[int, dict[str, Any]]] = []
         self.best: dict | None = None
+        # the step this run's count started from: the --init run's last, when it continues that run
+        self.start_step = 0
         self.last_train: dict = {}
         self.last_valid: dict = {}
 
@@ -307,10 +309,12 @@ class TrainingRun:
         self.scheduler.load_state_dict(state["scheduler"])
         # the schedule is this run's: resumed with more (or fewer) steps, the rate decays over the new total
         # from here instead of going on at the saved rate (0 where the old schedule had ended)
+        self.start_step = int(state.get("start_step", 0))
+        self.total_steps += self.start_step
         for group, base, schedule in zip(
             self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas, strict=True
         ):
-            group["lr"] = base * schedule(int(state["step"]))
+            group["lr"] = base * schedule(int(state["step"]) - self.start_step)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
@@ -321,7 +325,10 @@ class TrainingRun:
     def _continue_optimizer(self) -> None:
         """The optimizer state (Adam's moments and step counts) saved with the weights the model starts
         from, where the task asks for it, as self-critical.pytorch's --start_from continues optimizer.pth;
-        this run's own rates, settings and schedule apply from its step 0."""
+        this run's own rates, settings and schedule apply from its first step. Like --start_from, the run
+        also goes on counting from the earlier run's step (validation every `eval_every` steps of the whole
+        count, checkpoints step-N after the earlier ones) and keeps its best score: `best/` is written when
+        this run beats it."""
         candidates = getattr(self.task, "init_trainer_states", lambda: [])()
         if not candidates:
             return
@@ -343,7 +350,18 @@ class TrainingRun:
             raise ValueError(f"{path}: its optimizer state does not fit this run's ({exc})") from exc
         for group, settings in zip(self.optimizer.param_groups, fresh, strict=True):
             group.update(settings)
-        log.info("continuing the optimizer state of %s (step %d)", path.parent, int(state["step"]))
+        self.start_step = int(state["step"])
+        self.step = self.start_step
+        self.total_steps += self.start_step
+        prior = json.loads(state["best"]) if state.get("best") else None
+        if prior is not None and prior.get("metric") == self.task.primary_metric:
+            self.best = prior
+        log.info(
+            "continuing the optimizer state, the step count and the best score (%s) of %s (step %d)",
+            "none" if self.best is None else f"{self.best['metric']} {self.best['value']:.4g}",
+            path.parent,
+            self.start_step,
+        )
 
     # ---- loop
     def train(self) -> dict:
@@ -618,6 +636,7 @@ class TrainingRun:
                     "scheduler": self.scheduler.state_dict(),
                     "scaler": self.scaler.state_dict() if self.scaler is not None else {},
                     "step": self.step,
+                    "start_step": self.start_step,
                     "best": json.dumps(self.best) if self.best else "",
                     "window": json.dumps(self.window),
                     "batch_size": self.cfg.batch_size,
