@@ -64,7 +64,7 @@ def provenance(
         min_boxes = max_boxes if grid.pool is None else 1
         kind = {"features": "grid", "grid": grid.spec, "grid_method": grid.describe()}
     return {
-        "detector": DETECTOR_NAME,
+        "detector": detector_name(preset, weights),
         **kind,
         "preset": preset,
         "config": dataclasses.asdict(config),
@@ -90,6 +90,19 @@ def provenance(
             "pillow": PIL.__version__,
         },
     }
+
+
+def detector_name(preset: str, weights: dict) -> str:
+    """What made the features, in words: the released VG detector's name for the VG preset without names of
+    its own, else the preset, the weights and the classes they were trained on (a detector directory of
+    `xmodal detector train`)."""
+    if "classes" in weights:
+        classes = weights["classes"]
+        shown = ", ".join(classes[:5]) + (f", ... ({len(classes)})" if len(classes) > 5 else "")
+        return f"{preset} trained by xmodal: {weights['path']} ({len(classes)} classes: {shown})"
+    if preset == DEFAULT_PRESET:
+        return DETECTOR_NAME if weights["path"] != "random" else f"{DETECTOR_NAME} (random weights)"
+    return f"{preset}: {weights['path']}" if weights["path"] != "random" else f"{preset} (random weights)"
 
 
 def detector_settings(recorded: dict) -> dict:

@@ -20,12 +20,14 @@ from pipelines.tasks.finetune import RUN_FILE
 
 def record(weights=None, max_boxes: int = 10, grid: str | None = None, **overrides) -> dict:
     """The provenance a store extracted with these settings carries (as a fine-tuning run records it)."""
-    config, sel, preset, _, _ = resolve_detector(
+    config, sel, preset, classes, attributes = resolve_detector(
         SMALL_PRESET, weights, "caffe", max_boxes, max_boxes, **overrides
     )
     info = {"path": "random", "sha256": None}
     if weights is not None:
         info = {"path": str(weights), "sha256": sha256(weights_file(weights))}
+    if classes is not None:  # a detector directory's names, as the extraction records them
+        info.update(classes=classes, attributes=attributes)
     parsed = GridConfig.parse(grid) if grid else None
     return json.loads(json.dumps(provenance(preset, config, sel, info, config.feature_dim, parsed)))
 
@@ -148,3 +150,13 @@ def test_evaluation_after_an_own_detector_run_names_the_training_store(own_detec
     smaller = replace(trained, overrides={"min_size": 48})
     assert cache_store_path(photos, smaller) != cache_store_path(photos, trained)
     assert cache_store_path(photos, replace(trained, weights=None)) != cache_store_path(photos, trained)
+
+
+def test_a_store_from_an_own_detector_names_it_not_the_vg_release(own_detector, weights):
+    """The provenance's `detector` says what made the features: an own 9-class detector is not the
+    released VG Faster R-CNN."""
+    own = record(own_detector)["detector"]
+    assert "vg-faster-rcnn" not in own
+    assert str(own_detector) in own and "9 classes" in own and "shape0" in own
+    assert record(weights)["detector"] != "vg-faster-rcnn-r101-c4"  # c4-small weights of a file
+    assert "random weights" in record(None)["detector"]
