@@ -43,6 +43,8 @@ from pipelines.engine.run_log import RunLog
 from pipelines.engine.worker_errors import USER_ERRORS, Carrying, raising
 
 log = logging.getLogger(__name__)
+# the fewest steps between validations at epoch ends (`eval_every` unset): a tiny set's epochs are shorter
+EPOCH_EVAL_MIN_STEPS = 20
 
 _TRAIN_STREAM, _VALID_STREAM, _STEP_STREAM = 0, 1, 2
 
@@ -122,7 +124,9 @@ class TrainConfig:
     log_every: int = 10
     progress: Literal["auto", "bar", "log"] = "auto"  # auto: a bar on a terminal, else plain log lines
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # + mlflow, wandb (when installed)
-    eval_every: int | None = None  # steps between validations; None = at each epoch end
+    # steps between validations; None = at each epoch end, but on a tiny set (epochs of fewer than
+    # EPOCH_EVAL_MIN_STEPS steps) every few epochs, so that validating does not outweigh training
+    eval_every: int | None = None
     eval_batch_size: int | None = None  # None = the micro-batch size
     seed: int = 0
     loader_workers: int = 2
@@ -210,6 +214,21 @@ class BatchDataset(Dataset):
         return for_transfer(batch) if get_worker_info() is not None else batch
 
 
+def validation_interval(steps_per_epoch: int) -> int:
+    """Steps between validations when `eval_every` is not set: every epoch's end, or every few epochs'
+    when an epoch has fewer than EPOCH_EVAL_MIN_STEPS steps (15 pictures in batches of 32 make epochs of
+    one step: validating each would decode the validation set after every step)."""
+    epochs = max(1, -(-EPOCH_EVAL_MIN_STEPS // max(1, steps_per_epoch)))
+    if epochs > 1:
+        log.info(
+            "epochs of %d steps: validating every %d epochs (%d steps; train.eval_every=N to choose)",
+            steps_per_epoch,
+            epochs,
+            epochs * steps_per_epoch,
+        )
+    return epochs * steps_per_epoch
+
+
 class TrainingRun:
     """One worker's run: build, restore, the loop with its optimizer steps, validation and checkpoints."""
 
@@ -250,6 +269,7 @@ class TrainingRun:
         self.train_set = self.task.train_dataset()
         self.valid_set = self.task.valid_dataset()
         self.steps_per_epoch = len(self.train_set) // cfg.batch_size
+        self.eval_interval = cfg.eval_every or validation_interval(self.steps_per_epoch)
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"the training set has {len(self.train_set)} examples, fewer than one batch "
@@ -418,10 +438,7 @@ class TrainingRun:
                     window.clear()
                     tick, samples = now, 0
                     logged = True
-                end_of_epoch = self.step % self.steps_per_epoch == 0
-                due_eval = (cfg.eval_every and self.step % cfg.eval_every == 0) or (
-                    cfg.eval_every is None and end_of_epoch
-                )
+                due_eval = self.step % self.eval_interval == 0
                 if due_eval or self.step == self.total_steps:
                     self._validate(epoch)
                     model.train()

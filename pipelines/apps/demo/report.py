@@ -106,11 +106,13 @@ def plot_curves(curves: Mapping[str, Path], out_png: Path) -> Path | None:
         # the tasks' losses, and the detector's loss_rpn_cls, loss_cls, ...
         tasks = sorted({k for r in rows for k in r if k in TASK_LOSSES or k.startswith("loss_")})
         ap = [(r["step"], r["valid_AP50"]) for r in rows if isinstance(r.get("valid_AP50"), (int, float))]
-        if ap:  # the detector's validation AP50 on its own axis
+        if ap:  # the detector's validation AP50 on its own axis, in percent as the report's table shows it
             right = ax.twinx()
-            right.plot(*zip(*ap, strict=True), color="tab:green", marker="o", label="valid AP50")
-            right.set_ylim(0, 1)
-            right.set_ylabel("validation AP50", color="tab:green")
+            steps, values = zip(*ap, strict=True)
+            percent = [100 * v for v in values]
+            right.plot(steps, percent, color="tab:green", marker="o", label="valid AP50 (%)")
+            right.set_ylim(0, 100)
+            right.set_ylabel("validation AP50 (%)", color="tab:green")
         for key, style in (
             [("loss", dict(color="black", linewidth=2))]
             + [(k, dict(linewidth=1)) for k in tasks]

@@ -334,3 +334,27 @@ def test_the_probe_row_shows_what_the_features_tell_of_places(tmp_path: Path) ->
     text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "probe": probe})).read_text()
     assert "218 held-out regions: shape / colour / row / column" in text
     assert "<td>98.6% / 100.0% / 65.1% / 58.3%</td>" in text
+
+
+def test_the_detector_curve_shows_ap_in_percent_as_the_table_does(tmp_path: Path, monkeypatch) -> None:
+    """The report's detector table gives AP ×100; the curve of the same run's validation AP50 must too."""
+    import matplotlib.figure
+
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    rows = [{"step": s, "loss": 1.0 / s} for s in (1, 2, 3)] + [{"step": 3, "valid_AP50": 0.42}]
+    path = tmp_path / "det" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_curves({"detector": path}, tmp_path / "c.png") is not None
+    (fig,) = figures
+    (right,) = [ax for ax in fig.axes if "AP50" in ax.get_ylabel()]
+    assert "%" in right.get_ylabel() and right.get_ylim() == (0, 100)
+    (line,) = right.get_lines()
+    assert list(line.get_ydata()) == [pytest.approx(42.0)]
