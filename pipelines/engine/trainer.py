@@ -44,7 +44,7 @@ from pipelines.engine.worker_errors import USER_ERRORS, Carrying, raising
 
 log = logging.getLogger(__name__)
 # the fewest steps between validations at epoch ends (`eval_every` unset): a tiny set's epochs are shorter
-EPOCH_EVAL_MIN_STEPS = 20
+EPOCH_EVAL_MIN_STEPS = 10
 
 _TRAIN_STREAM, _VALID_STREAM, _STEP_STREAM = 0, 1, 2
 
