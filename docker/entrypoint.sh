@@ -2,7 +2,8 @@
 # The image's entry point: checks what the container needs, then runs its arguments (`xmodal ...` by default,
 # `ray start ...` on the compose Ray nodes), so a misconfiguration stops with one line saying what to do.
 # XMODAL_WRITES lists the folders the service writes (set per service in docker/docker-compose.yml);
-# XMODAL_EXTRA_ARGS, arguments appended to the command, split at spaces, never expanded as file patterns.
+# XMODAL_NEEDS, the files it or a later stage reads; XMODAL_EXTRA_ARGS, arguments appended to the command,
+# split at spaces, never expanded as file patterns.
 set -eu
 
 for dir in ${XMODAL_WRITES:-}; do
@@ -10,6 +11,15 @@ for dir in ${XMODAL_WRITES:-}; do
         echo "xmodal: $dir is not writable by uid $(id -u) gid $(id -g): the host folder mounted there must" \
             "belong to XMODAL_UID:XMODAL_GID (docker/.env); create it as yourself with \`make docker-dirs\`" \
             "or chown it (Docker creates a missing folder as root)" >&2
+        exit 1
+    fi
+done
+
+# XMODAL_NEEDS lists files this stage or a later one reads: missing, the pipeline stops now, not after hours.
+for file in ${XMODAL_NEEDS:-}; do
+    if [ ! -f "$file" ] || [ ! -r "$file" ]; then
+        echo "xmodal: $file is missing or unreadable, and a stage of the pipeline reads it: put it in the" \
+            "host folder mounted there (docker/.env names the folder and the file) before starting" >&2
         exit 1
     fi
 done

@@ -66,7 +66,7 @@ def provenance(
         min_boxes = max_boxes if grid.pool is None else 1
         kind = {"features": "grid", "grid": grid.spec, "grid_method": grid.describe()}
     return {
-        "detector": DETECTOR_NAME,
+        "detector": detector_name(preset, weights),
         **kind,
         "preset": preset,
         "config": dataclasses.asdict(config),
@@ -93,6 +93,19 @@ def provenance(
             "pillow": PIL.__version__,
         },
     }
+
+
+def detector_name(preset: str, weights: dict) -> str:
+    """What made the features, in words: the released VG detector's name for the VG preset without names of
+    its own, else the preset, the weights and the classes they were trained on (a detector directory of
+    `xmodal detector train`)."""
+    if "classes" in weights:
+        classes = weights["classes"]
+        shown = ", ".join(classes[:5]) + (f", ... ({len(classes)})" if len(classes) > 5 else "")
+        return f"{preset} trained by xmodal: {weights['path']} ({len(classes)} classes: {shown})"
+    if preset == DEFAULT_PRESET:
+        return DETECTOR_NAME if weights["path"] != "random" else f"{DETECTOR_NAME} (random weights)"
+    return f"{preset}: {weights['path']}" if weights["path"] != "random" else f"{preset} (random weights)"
 
 
 def detector_settings(recorded: dict) -> dict:
@@ -152,6 +165,22 @@ def differences(
     """How features made with these `Detector.build` arguments would differ from the extraction `recorded`
     by `provenance`: one "name recorded (here: value)" per differing setting, the weights by their sha256;
     empty when they would be made alike. Entries `recorded` lacks (older stores) are not compared."""
+    here = expected_provenance(preset, weights, selection, min_boxes, max_boxes, grid, **overrides)
+    return provenance_differences(recorded, here)
+
+
+def expected_provenance(
+    preset: str = DEFAULT_PRESET,
+    weights: str | Path | None = None,
+    selection: str = "caffe",
+    min_boxes: int = 36,
+    max_boxes: int = 36,
+    grid: str | GridConfig | None = None,
+    **overrides,
+) -> dict:
+    """The provenance an extraction with these `Detector.build` arguments records (this process's
+    versions), without building the detector: a detector directory's own architecture and names, the
+    weights by their sha256."""
     from extraction.weights import resolve_detector, weights_file
 
     config, sel, preset, _, _ = resolve_detector(
@@ -162,7 +191,13 @@ def differences(
     info = {"path": "random", "sha256": None}
     if weights is not None:
         info = {"path": str(weights), "sha256": sha256(weights_file(weights))}
-    return provenance_differences(recorded, provenance(preset, config, sel, info, config.feature_dim, grid))
+    return provenance(preset, config, sel, info, config.feature_dim, grid)
+
+
+def deciding_entries(record: dict) -> dict:
+    """The entries of a provenance that decide what the features are (the weights by their sha256, the
+    configs as resolved), not where the weights lie, how the settings were spelled, nor the versions."""
+    return {key: record.get(key) for key in (*_DECIDING, "config", "selection_config")}
 
 
 def provenance_differences(recorded: dict, here: dict) -> list[str]:

@@ -329,6 +329,20 @@ def resolve_detector(
     return config, sel, preset, classes, attributes
 
 
+def effective_overrides(
+    preset: str, weights: str | Path | None, selection: str, min_boxes: int, max_boxes: int, **overrides
+) -> dict:
+    """The `overrides` that change something: those whose value differs from what the preset, or a
+    detector directory's own config, already holds (a run's recorded settings name a trained detector's
+    class counts; its directory carries them too)."""
+    import dataclasses
+
+    config, sel, _, _, _ = resolve_detector(preset, weights, selection, min_boxes, max_boxes)
+    held = {**dataclasses.asdict(sel), **dataclasses.asdict(config)}
+    plain = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+    return {k: overrides[k] for k, v in plain.items() if k not in held or held[k] != v}
+
+
 def weights_file(path: str | Path) -> Path:
     """The tensor file behind `path`: the file itself, or a detector directory's model.safetensors."""
     return Path(path) / WEIGHTS_FILE if Path(path).is_dir() else Path(path)

@@ -29,19 +29,23 @@ def self_critical_loss(
     samples_per_image: int = 1,
     generator: torch.Generator | None = None,
     suppress_unk: bool = True,
+    max_length: int | None = None,
 ) -> SelfCriticalOutput:
     """−(r(wˢ) − r(ŵ)) Σₜ log p(wˢₜ), averaged over sampled tokens; ŵ is decoded greedily in eval mode
-    (`<unk>` kept out of it with `suppress_unk`; self-critical.pytorch's greedy baseline allows it)."""
+    (`<unk>` kept out of it with `suppress_unk`; self-critical.pytorch's greedy baseline allows it). Both
+    run to `max_length` words (None: the model's `max_length`; self-critical.pytorch samples to its
+    decoding length, 20, past the 16-word training captions)."""
     batch = features.shape[0]
     was_training = model.training
     model.eval()
-    baseline_tokens = greedy(model, features, mask, suppress_unk=suppress_unk).tokens
+    baseline_tokens = greedy(model, features, mask, max_length, suppress_unk=suppress_unk).tokens
     model.train(was_training)
     rows = torch.arange(batch, device=features.device).repeat_interleave(samples_per_image)
     drawn = sample(
         model,
         features.index_select(0, rows),
         None if mask is None else mask.index_select(0, rows),
+        max_length,
         generator=generator,
     )
     with torch.no_grad():

@@ -41,8 +41,18 @@ class VisualBertConfig(PresetConfig):
     initializer_range: float = 0.02
     # Start the visual type/position tables as copies of the text ones (as transformers does).
     special_visual_initialize: bool = True
+    # The visual token type of a single image's regions: 1 as transformers feeds them; uclanlp/visualbert's
+    # COCO pre-training and VQA code feed 0 (TrainVisualBERTObjective fills zeros when the data gives none),
+    # so a checkpoint converted from its releases records 0 and keeps it wherever it is tuned or run.
+    visual_token_type_id: int = 1
 
     def __post_init__(self) -> None:
+        if not 0 <= self.visual_token_type_id < self.type_vocab_size:
+            raise ValueError(
+                f"visual_token_type_id {self.visual_token_type_id} is not a row of the "
+                f"{self.type_vocab_size} token types; give 0 (uclanlp/visualbert's checkpoints) or 1 "
+                "(transformers')"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,16 @@ _TIED = {
     "cls.predictions.decoder.bias": "cls.predictions.bias",
 }
 _BUFFERS = ("embeddings.position_ids",)
+# uclanlp's checkpoints as the hub names them (`uclanlp/visualbert-vqa-coco-pre`) and its cache stores them
+# (`models--uclanlp--visualbert-vqa-coco-pre`)
+_UCLANLP = re.compile(r"uclanlp(/|--)visualbert", re.IGNORECASE)
 
 
-def config_from_hf(meta: dict[str, Any], source: str) -> VisualBertConfig:
-    """Our config from transformers' config.json; settings xmodal does not implement are refused."""
+def config_from_hf(
+    meta: dict[str, Any], source: str, visual_token_type_id: int | None = None
+) -> VisualBertConfig:
+    """Our config from transformers' config.json; settings xmodal does not implement are refused. The
+    regions' token type is `visual_token_type_id` when given, else `release_convention`'s."""
     if meta.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"{source}: hidden_act {meta['hidden_act']!r} is not supported (only exact gelu)")
     if meta.get("bypass_transformer", False):
@@ -71,7 +78,24 @@ def config_from_hf(meta: dict[str, Any], source: str) -> VisualBertConfig:
     values = {k: meta[k] for k in _CONFIG_FIELDS if k in meta}
     if "visual_embedding_dim" in meta:
         values["visual_feat_dim"] = meta["visual_embedding_dim"]
+    if visual_token_type_id is None:
+        visual_token_type_id, why = release_convention(meta, source)
+        log.info("%s: regions get visual token type %d (%s)", source, visual_token_type_id, why)
+    values["visual_token_type_id"] = visual_token_type_id
     return VisualBertConfig.from_dict(values)
+
+
+def release_convention(meta: dict[str, Any], source: str) -> tuple[int, str]:
+    """(the visual token type the checkpoint's regions were trained with, why we think so): the config's
+    own `visual_token_type_id` (xmodal's exports write it); 0 for uclanlp/visualbert's releases, named so in
+    the path or `_name_or_path` as the hub and its cache store them (their code feeds zeros); else 1, as
+    transformers feeds. `xmodal convert visualbert --visual-token-type` says it outright."""
+    if isinstance(meta.get("visual_token_type_id"), int):
+        return meta["visual_token_type_id"], "its config's visual_token_type_id"
+    names = (str(Path(source).resolve()), str(meta.get("_name_or_path", "")))
+    if any(_UCLANLP.search(name) for name in names):
+        return 0, "uclanlp/visualbert's release: its COCO pre-training and VQA code feed regions type 0"
+    return 1, "transformers' convention; pass --visual-token-type 0 for a uclanlp/visualbert release"
 
 
 def from_hf_state(
@@ -167,13 +191,16 @@ def read_huggingface_dir(directory: Path) -> Checkpoint | None:
     return cls.__name__, cfg.to_dict(), kwargs, state
 
 
-def read_hf_dir(directory: str | Path) -> tuple[nn.Module, ConversionReport]:
-    """Our model of the directory's architecture (the backbone for other transformers heads), loaded."""
+def read_hf_dir(
+    directory: str | Path, visual_token_type_id: int | None = None
+) -> tuple[nn.Module, ConversionReport]:
+    """Our model of the directory's architecture (the backbone for other transformers heads), loaded;
+    `visual_token_type_id` as `config_from_hf` takes it."""
     directory = Path(directory)
     meta = _hf_meta(directory)
     if meta is None:
         raise ValueError(f"{directory / 'config.json'}: model_type is not a transformers VisualBERT's")
-    cfg = config_from_hf(meta, str(directory / "config.json"))
+    cfg = config_from_hf(meta, str(directory / "config.json"), visual_token_type_id)
     hf = read_weights(_weights_file(directory))
     cls, kwargs = _our_class(meta, hf, str(directory))
     model = cls(cfg, **kwargs)
@@ -181,17 +208,24 @@ def read_hf_dir(directory: str | Path) -> tuple[nn.Module, ConversionReport]:
 
 
 def convert_visualbert(
-    src: str | Path, dst_dir: str | Path, to_hf: bool = False, num_answers: int | None = None
+    src: str | Path,
+    dst_dir: str | Path,
+    to_hf: bool = False,
+    num_answers: int | None = None,
+    visual_token_type_id: int | None = None,
 ) -> Path:
     """A transformers VisualBERT directory (`uclanlp/visualbert-vqa-coco-pre`, say) -> an xmodal directory,
     every weight name accounted for in the log (loaded, tied, missing, unused); with `to_hf`, an xmodal (or
     transformers) VisualBERT directory -> transformers' layout, which its VisualBert* classes load as it is.
     `num_answers`: the size of the answer table meant to label the QA head, checked before anything is
-    written."""
+    written. `visual_token_type_id`: the regions' token type the checkpoint was trained with, recorded in
+    DST's config (default: `release_convention`'s)."""
     src, dst = Path(src), Path(dst_dir)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a directory: give a VisualBERT checkpoint directory")
-    model, report = (_load_any(src), None) if to_hf else read_hf_dir(src)
+    if to_hf and visual_token_type_id is not None:
+        raise ValueError("--visual-token-type applies to a transformers directory read in, not with --to-hf")
+    model, report = (_load_any(src), None) if to_hf else read_hf_dir(src, visual_token_type_id)
     if num_answers is not None and getattr(model, "num_answers", None) != num_answers:
         rows = getattr(model, "num_answers", None)
         what = f"its QA head has {rows} answers" if rows else f"a {type(model).__name__} has no QA head"
@@ -239,7 +273,17 @@ def export_hf(model: nn.Module, dst: Path) -> Path:
         "bypass_transformer": False,
         **{k: getattr(cfg, k) for k in _CONFIG_FIELDS},
         "visual_embedding_dim": cfg.visual_feat_dim,
+        # transformers keeps unknown keys: a directory read back by xmodal keeps its regions' type
+        "visual_token_type_id": cfg.visual_token_type_id,
     }
+    if cfg.visual_token_type_id != 1:
+        log.warning(
+            "%s: its regions were trained as visual token type %d; transformers' VisualBert* classes feed "
+            "type 1 unless given visual_token_type_ids (pass torch.full_like(visual_attention_mask, %d))",
+            dst,
+            cfg.visual_token_type_id,
+            cfg.visual_token_type_id,
+        )
     if isinstance(model, VisualBertForQuestionAnswering):
         hf_config["num_labels"] = model.num_answers
     elif isinstance(model, VisualBertForNLVR2):

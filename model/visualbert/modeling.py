@@ -1,8 +1,9 @@
 """`VisualBert`: text and projected region features in one BERT, as transformers' `VisualBertModel`.
 
 The sequence is `[text (L)] [regions (N)]`; regions carry no box coordinates, only a projection of their
-features plus a visual token-type and a visual position embedding (position 0 for every region unless
-told otherwise). One LayerNorm covers both parts, one encoder reads them, the pooler reads token 0.
+features plus a visual token-type (the config's `visual_token_type_id` for every region unless told
+otherwise) and a visual position embedding (position 0 for every region unless told otherwise). One
+LayerNorm covers both parts, one encoder reads them, the pooler reads token 0.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class VisualBertEmbeddings(nn.Module):
         self.visual_token_type_embeddings = nn.Embedding(cfg.type_vocab_size, h)
         self.visual_position_embeddings = nn.Embedding(cfg.max_position_embeddings, h)
         self.visual_projection = nn.Linear(cfg.visual_feat_dim, h)
+        self.visual_token_type_id = cfg.visual_token_type_id
 
     def forward(
         self,
@@ -74,8 +76,8 @@ class VisualBertEmbeddings(nn.Module):
         else:
             text = text + self.token_type_embeddings(token_type_ids)
         regions = self.visual_projection(visual_feats)
-        if visual_token_type_ids is None:  # the authors' choice: type 1 for every region
-            regions = regions + self.visual_token_type_embeddings.weight[1]
+        if visual_token_type_ids is None:  # one type for every region: the checkpoint's convention
+            regions = regions + self.visual_token_type_embeddings.weight[self.visual_token_type_id]
         else:
             regions = regions + self.visual_token_type_embeddings(visual_token_type_ids)
         if visual_position_ids is None:

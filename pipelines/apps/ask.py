@@ -99,7 +99,7 @@ def draw_explanation(
 ) -> Drawing:
     """The image dimmed outside the `top` most attended regions, each of those boxed and labelled with
     its rank and attention weight; above, the question, the best answer and the ranking with the regions'
-    "attribute object" names (ids without vocabularies)."""
+    "attribute object confidence" labels as detection pictures give them (ids without vocabularies)."""
     from extraction.draw import draw_boxes, region_label
 
     rec = result.regions
@@ -118,9 +118,16 @@ def draw_explanation(
     texts = [f"#{k} {weight:.2f}" for k, weight in enumerate(weights, 1)]
     answer, prob = result.answers[0]
     header = [(f"Q: {question}", (0, 0, 0)), (f"A: {answer} ({prob:.2f})", (0, 0, 0))]
-    header.append((f"answer's attention over the {rec.num_boxes} regions, top {len(order)}:", (90, 90, 90)))
+    over = f"answer's attention over all {rec.num_boxes} regions (any detector confidence)"
+    header.append((f"{over}, top {len(order)}:", (90, 90, 90)))
+    # each region's detector confidence beside its name, as detection pictures label a box: one box reads
+    # the same on both, and those a confidence threshold leaves out of a detection picture show as such
     header += [
-        (f"#{k}  {weight:.2f}  {region_label(rec, i, object_names, attr_names)}", colour)
+        (
+            f"#{k}  {weight:.2f}  {region_label(rec, i, object_names, attr_names)} "
+            f"{float(rec.objects_conf[i]):.2f}",
+            colour,
+        )
         for k, (i, weight, colour) in enumerate(zip(order, weights, colours, strict=True), 1)
     ]
     drawing = draw_boxes(shaded, rec.boxes[order], (rec.img_h, rec.img_w), texts, colours, header)

@@ -99,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="export to transformers' layout, with the tokenizer files and id2label/label2id, so "
         "AutoTokenizer and transformers' VisualBert* classes load DST as it is",
     )
+    vsb.add_argument(
+        "--visual-token-type",
+        type=int,
+        choices=(0, 1),
+        help="the token type SRC's regions were trained with, recorded in DST and used wherever it is tuned, "
+        "evaluated or served (default: 0 for uclanlp/visualbert's releases, named so in SRC's path as the "
+        "hub stores them, whose code feeds 0; else 1, as transformers feeds)",
+    )
     vsb.add_argument("--vocab", help="with --to-hf: the vocab.txt to write (default: SRC's vocab.txt)")
     vsb.add_argument(
         "--answers",
@@ -163,7 +171,13 @@ def _convert_visualbert(args: argparse.Namespace) -> None:
         raise ValueError("--answers only applies with --to-hf (a transformers directory names its answers)")
     tokenizer, table = _hf_extras(args, Path(args.src))
     num_answers = len(table) if table is not None else None
-    dst = convert_visualbert(args.src, args.dst, to_hf=args.to_hf, num_answers=num_answers)
+    dst = convert_visualbert(
+        args.src,
+        args.dst,
+        to_hf=args.to_hf,
+        num_answers=num_answers,
+        visual_token_type_id=args.visual_token_type,
+    )
     if tokenizer is not None:
         _finish_hf_directory(Path(dst), tokenizer, table)
     elif (Path(args.src) / "vocab.txt").is_file():  # fine-tuning from dst then uses the model's vocabulary

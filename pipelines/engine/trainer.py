@@ -43,6 +43,8 @@ from pipelines.engine.run_log import RunLog
 from pipelines.engine.worker_errors import USER_ERRORS, Carrying, raising
 
 log = logging.getLogger(__name__)
+# the fewest steps between validations at epoch ends (`eval_every` unset): a tiny set's epochs are shorter
+EPOCH_EVAL_MIN_STEPS = 10
 
 _TRAIN_STREAM, _VALID_STREAM, _STEP_STREAM = 0, 1, 2
 
@@ -123,7 +125,9 @@ class TrainConfig:
     log_every: int = 10
     progress: Literal["auto", "bar", "log"] = "auto"  # auto: a bar on a terminal, else plain log lines
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])  # + mlflow, wandb (when installed)
-    eval_every: int | None = None  # steps between validations; None = at each epoch end
+    # steps between validations; None = at each epoch end, but on a tiny set (epochs of fewer than
+    # EPOCH_EVAL_MIN_STEPS steps) every few epochs, so that validating does not outweigh training
+    eval_every: int | None = None
     eval_batch_size: int | None = None  # None = the micro-batch size
     seed: int = 0
     loader_workers: int = 2
@@ -211,6 +215,21 @@ class BatchDataset(Dataset):
         return for_transfer(batch) if get_worker_info() is not None else batch
 
 
+def validation_interval(steps_per_epoch: int) -> int:
+    """Steps between validations when `eval_every` is not set: every epoch's end, or every few epochs'
+    when an epoch has fewer than EPOCH_EVAL_MIN_STEPS steps (15 pictures in batches of 32 make epochs of
+    one step: validating each would decode the validation set after every step)."""
+    epochs = max(1, -(-EPOCH_EVAL_MIN_STEPS // max(1, steps_per_epoch)))
+    if epochs > 1:
+        log.info(
+            "epochs of %d steps: validating every %d epochs (%d steps; train.eval_every=N to choose)",
+            steps_per_epoch,
+            epochs,
+            epochs * steps_per_epoch,
+        )
+    return epochs * steps_per_epoch
+
+
 class TrainingRun:
     """One worker's run: build, restore, the loop with its optimizer steps, validation and checkpoints."""
 
@@ -251,6 +270,7 @@ class TrainingRun:
         self.train_set = self.task.train_dataset()
         self.valid_set = self.task.valid_dataset()
         self.steps_per_epoch = len(self.train_set) // cfg.batch_size
+        self.eval_interval = cfg.eval_every or validation_interval(self.steps_per_epoch)
         if self.steps_per_epoch == 0:
             raise ValueError(
                 f"the training set has {len(self.train_set)} examples, fewer than one batch "
@@ -281,6 +301,8 @@ class TrainingRun:
         # the steps since then whose terms are still on the device: (step, terms), read at the next settle
         self.pending: list[tuple[int, dict[str, Any]]] = []
         self.best: dict | None = None
+        # the step this run's count started from: the --init run's last, when it continues that run
+        self.start_step = 0
         self.last_train: dict = {}
         self.last_valid: dict = {}
 
@@ -308,10 +330,12 @@ class TrainingRun:
         self.scheduler.load_state_dict(state["scheduler"])
         # the schedule is this run's: resumed with more (or fewer) steps, the rate decays over the new total
         # from here instead of going on at the saved rate (0 where the old schedule had ended)
+        self.start_step = int(state.get("start_step", 0))
+        self.total_steps += self.start_step
         for group, base, schedule in zip(
             self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas, strict=True
         ):
-            group["lr"] = base * schedule(int(state["step"]))
+            group["lr"] = base * schedule(int(state["step"]) - self.start_step)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
@@ -322,7 +346,10 @@ class TrainingRun:
     def _continue_optimizer(self) -> None:
         """The optimizer state (Adam's moments and step counts) saved with the weights the model starts
         from, where the task asks for it, as self-critical.pytorch's --start_from continues optimizer.pth;
-        this run's own rates, settings and schedule apply from its step 0."""
+        this run's own rates, settings and schedule apply from its first step. Like --start_from, the run
+        also goes on counting from the earlier run's step (validation every `eval_every` steps of the whole
+        count, checkpoints step-N after the earlier ones) and keeps its best score: `best/` is written when
+        this run beats it."""
         candidates = getattr(self.task, "init_trainer_states", lambda: [])()
         if not candidates:
             return
@@ -344,7 +371,18 @@ class TrainingRun:
             raise ValueError(f"{path}: its optimizer state does not fit this run's ({exc})") from exc
         for group, settings in zip(self.optimizer.param_groups, fresh, strict=True):
             group.update(settings)
-        log.info("continuing the optimizer state of %s (step %d)", path.parent, int(state["step"]))
+        self.start_step = int(state["step"])
+        self.step = self.start_step
+        self.total_steps += self.start_step
+        prior = json.loads(state["best"]) if state.get("best") else None
+        if prior is not None and prior.get("metric") == self.task.primary_metric:
+            self.best = prior
+        log.info(
+            "continuing the optimizer state, the step count and the best score (%s) of %s (step %d)",
+            "none" if self.best is None else f"{self.best['metric']} {self.best['value']:.4g}",
+            path.parent,
+            self.start_step,
+        )
 
     # ---- loop
     def train(self) -> dict:
@@ -404,10 +442,7 @@ class TrainingRun:
                     window.clear()
                     tick, samples = now, 0
                     logged = True
-                end_of_epoch = self.step % self.steps_per_epoch == 0
-                due_eval = (cfg.eval_every and self.step % cfg.eval_every == 0) or (
-                    cfg.eval_every is None and end_of_epoch
-                )
+                due_eval = self.step % self.eval_interval == 0
                 if due_eval or self.step == self.total_steps:
                     self._validate(epoch)
                     model.train()
@@ -625,6 +660,7 @@ class TrainingRun:
                     "scheduler": self.scheduler.state_dict(),
                     "scaler": self.scaler.state_dict() if self.scaler is not None else {},
                     "step": self.step,
+                    "start_step": self.start_step,
                     "best": json.dumps(self.best) if self.best else "",
                     "window": json.dumps(self.window),
                     "batch_size": self.cfg.batch_size,

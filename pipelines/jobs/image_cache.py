@@ -28,18 +28,26 @@ def cache_root() -> Path:
 
 
 def cache_store_path(images: str | Path, cfg: ExtractConfig, cache: str | Path | None = None) -> Path:
-    """The store for `images` under `cfg`'s detector settings: one per folder and detector, so a second
-    run (or another task) over the same folder reuses what the first extracted."""
+    """The store for `images` under `cfg`'s detector settings: one per folder and the features they make,
+    so a second run (or another task, or `evaluate --images` after `finetune --images`) over the same
+    folder reuses what the first extracted. The key is what decides the features, as the store's
+    provenance records them (the detector's resolved configs, its weights by their sha256, the grid, the
+    dtype), not how the settings were spelled: a detector directory's own sizes given again as overrides,
+    or the same weights under another path, name the same store."""
+    from extraction.provenance import deciding_entries, expected_provenance
+
     folder = Path(images).resolve()
-    settings = {
-        "folder": str(folder),
-        "preset": cfg.preset,
-        "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
-        "selection": cfg.selection,
-        "boxes": [cfg.min_boxes, cfg.max_boxes],
-        "overrides": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(cfg.overrides.items())},
-        "dtype": cfg.dtype,
-    }
+    cells = grid_config(cfg)
+    record = expected_provenance(
+        cfg.preset,
+        cfg.weights,
+        cfg.selection,
+        cfg.min_boxes,
+        cfg.max_boxes,
+        cells.spec if cells is not None else None,
+        **cfg.overrides,
+    )
+    settings = {"folder": str(folder), **deciding_entries(record), "dtype": cfg.dtype}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     name = re.sub(r"[^\w.-]+", "_", folder.name) or "images"
     return Path(cache or cache_root()) / "stores" / f"{name}-{digest}.lmdb"
@@ -118,22 +126,25 @@ def needed_ids(images: str | Path, refs: Iterable[tuple[str, str]]) -> dict[str,
             missing[ref] = where
         else:
             found[ref] = img_id
-    if ambiguous:
-        raise InputError(f"{images}: {'; '.join(ambiguous[:MAX_NAMED])}")
+    problems = [f"{images}: {'; '.join(ambiguous[:MAX_NAMED])}"] if ambiguous else []
+    # a picture that is there under a suffix the folder listing skips: say so, not "missing"
+    unread = {r: _unread_suffix(images, r) for r in missing if _unread_suffix(images, r)}
+    if unread:
+        problems.append(
+            f"{images}: the rows name pictures with suffixes xmodal does not read "
+            f"({', '.join(sorted(set(unread.values())))}), e.g. {next(iter(unread))!r}; convert them to .jpg "
+            f"or .png (readable: {', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    missing = {r: w for r, w in missing.items() if r not in unread}
     if missing:
-        unread = sorted({_unread_suffix(images, r) for r in missing} - {None})
-        if unread:  # the picture is there, under a suffix the folder listing skips: say so, not "missing"
-            raise InputError(
-                f"{images}: the rows name pictures with suffixes xmodal does not read ({', '.join(unread)}), "
-                f"e.g. {next(r for r in missing if _unread_suffix(images, r))!r}; convert them to .jpg or "
-                f".png (readable: {', '.join(sorted(IMAGE_SUFFIXES))})"
-            )
         named = ", ".join(f"{r!r} ({w})" for r, w in list(missing.items())[:MAX_NAMED])
         more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
-        raise InputError(
+        problems.append(
             f"{len(missing)} images named by the rows are not in {images}: {named}{more}; "
             "fix the rows' image names or add the pictures"
         )
+    if problems:  # every problem of the rows at once, so one fix-and-rerun settles them
+        raise InputError("; and ".join(problems))
     return found
 
 
@@ -158,7 +169,17 @@ def images_store(
 
     if not Path(images).is_dir():
         raise InputError(f"--images {images}: not a folder; give the folder holding the pictures")
+    from extraction.weights import effective_overrides
+    from pipelines.jobs.extract.config import check_weights
+
     cfg = settings or ExtractConfig()
+    if cfg.weights:
+        check_weights(cfg.weights)  # before its sha256 names the store
+    # spelled alike on every path, so that a resumed store's recorded settings match
+    overrides = effective_overrides(
+        cfg.preset, cfg.weights, cfg.selection, cfg.min_boxes, cfg.max_boxes, **cfg.overrides
+    )
+    cfg = replace(cfg, overrides=overrides)
     wanted = sorted(set(needed_ids(images, refs).values()))
     out = cache_store_path(images, cfg, cache)
     if (out / "data.mdb").is_file():

@@ -386,6 +386,7 @@ class CaptionTask(FinetuneTask):
             self.reward(batch["ids"]),
             samples_per_image=self.config.scst_samples,
             suppress_unk=self.config.scst_suppress_unk,
+            max_length=self.config.decode_max_length,  # as long as validation decodes
         )
         return out.loss, {
             "reward": float(out.sample_reward.mean()),

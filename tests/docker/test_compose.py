@@ -438,3 +438,15 @@ def test_extra_arguments_parse_with_the_stage_command(compose: dict, name: str) 
     argv = _xmodal_argv(compose["services"][name]) + ["--lr", "3e-5", "train.grad_accum=2"]
     args = build_parser().parse_args(argv)
     assert args.lr == 3e-5 and "train.grad_accum=2" in args.overrides
+
+
+def test_the_pipeline_reads_its_vocabulary_file_checked_before_extraction(compose: dict) -> None:
+    """The pre-training stage fetched bert-base-uncased's vocabulary from the hub, and on an offline
+    cluster failed once extraction had finished: it reads the file from the weights folder instead, and
+    `extract` (the first stage) checks every file the later stages read before it starts."""
+    pretrain = compose["services"]["pretrain"]
+    argv = _xmodal_argv(pretrain)
+    vocab = argv[argv.index("--vocab") + 1]
+    assert vocab.startswith("/weights/") and vocab.endswith(".txt")
+    for name in ("extract", "pretrain"):
+        assert vocab in compose["services"][name]["environment"]["XMODAL_NEEDS"].split(), name

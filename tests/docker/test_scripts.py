@@ -160,3 +160,15 @@ def test_entrypoint_appends_the_extra_arguments_split_at_spaces(tmp_path: Path) 
     assert result.stdout == "a b|--lr|2e-5|train.grad_accum=2|*|", "split at spaces, never globbed"
     result = _run(["sh", str(ENTRYPOINT), "printf", "%s|", "a"], {**env, "XMODAL_EXTRA_ARGS": ""})
     assert result.stdout == "a|"
+
+
+def test_entrypoint_refuses_a_missing_needed_file_before_running(tmp_path: Path) -> None:
+    vocab = tmp_path / "vocab.txt"
+    env = {"XMODAL_WRITES": str(tmp_path), "XMODAL_NEEDS": str(vocab)}
+    result = _run(["sh", str(ENTRYPOINT), "echo", "extracting"], env)
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"xmodal: {vocab} is missing") and "docker/.env" in line
+    vocab.write_text("[PAD]\n")
+    result = _run(["sh", str(ENTRYPOINT), "echo", "extracting"], env)
+    assert result.returncode == 0 and result.stdout == "extracting\n"

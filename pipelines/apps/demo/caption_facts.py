@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from pipelines.apps.demo.synthetic import COLOURS, SHAPES, Scene
+from pipelines.apps.demo.synthetic import COLOURS, NUMBER_WORDS, SHAPES, Scene
 from pipelines.scoring.prompt_accuracy import prompt_targets
 
 
@@ -29,13 +29,45 @@ def caption_agreement(captions: Mapping[int, str], scenes: Mapping[int, Scene]) 
     by_count: dict[int, list[bool]] = {}
     for k, ok in named.items():
         by_count.setdefault(len(scenes[k].shapes), []).append(ok)
+    repeated = [k for k in captions if _repeats(scenes[k])]
+    distinct = [k for k in captions if not _repeats(scenes[k])]
+    counting = set(NUMBER_WORDS[1:]) | {str(n) for n in range(2, 10)}
     return {
         "images": len(captions),
         "names_every_shape": _share(list(named.values())),
         # str keys, as summary.json keeps them
         "by_shapes": {str(n): _share(v) for n, v in sorted(by_count.items())},
         "images_by_shapes": {str(n): len(v) for n, v in sorted(by_count.items())},
+        # what the captions get right leaving the counts aside: each (colour, shape) named, none extra
+        "names_kinds": _share([_kinds(c) == _kinds_held(scenes[k]) for k, c in captions.items()]),
+        # how often a caption counts at all ("two red circles"), and the scenes that need it
+        "uses_a_count": _share([bool(counting & set(_words(c))) for c in captions.values()]),
+        "repeated": {
+            "images": len(repeated),
+            "named": _share([named[k] for k in repeated]) if repeated else None,
+        },
+        "distinct": {
+            "images": len(distinct),
+            "named": _share([named[k] for k in distinct]) if distinct else None,
+        },
     }
+
+
+def _repeats(scene: Scene) -> bool:
+    """Whether the scene holds some (colour, shape) more than once (its description counts)."""
+    return len({(s.colour, s.shape) for s in scene.shapes}) < len(scene.shapes)
+
+
+def _words(caption: str) -> list[str]:
+    return caption.lower().replace(",", " ").replace(".", " ").split()
+
+
+def _kinds(caption: str) -> set:
+    return set(prompt_targets(caption, SHAPES, list(COLOURS)))
+
+
+def _kinds_held(scene: Scene) -> set:
+    return {(s.colour, s.shape) for s in scene.shapes}
 
 
 def _share(hits: list[bool]) -> float:

@@ -49,6 +49,7 @@ def hf_config(cfg: VisualBertConfig):
     transformers = pytest.importorskip("transformers")
     values = cfg.to_dict()
     values["visual_embedding_dim"] = values.pop("visual_feat_dim")
+    values.pop("visual_token_type_id", None)  # transformers' config has no such field (it feeds type 1)
     return transformers.VisualBertConfig(**values, hidden_act="gelu", attn_implementation="eager")
 
 

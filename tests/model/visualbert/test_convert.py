@@ -187,3 +187,64 @@ def test_export_is_a_directory_transformers_loads_whole(tmp_path, vb, ours, thei
         torch.testing.assert_close(out.lm_logits, ref.prediction_logits[:, :text], atol=1e-4, rtol=1e-5)
     else:
         torch.testing.assert_close(out.pooled_output, ref.pooler_output, atol=1e-5, rtol=1e-5)
+
+
+def test_a_uclanlp_release_keeps_its_regions_token_type_wherever_it_runs(tmp_path, vb):
+    """uclanlp/visualbert's COCO pre-training and VQA code feed every region visual token type 0
+    (TrainVisualBERTObjective fills zeros when the data gives none); transformers feeds 1. A release
+    converted from the hub records 0 and runs with it after saving and as a fine-tuning start; the
+    reference is transformers' model given the zeros outright."""
+    from model import read_config
+    from model.visualbert.convert import convert_visualbert
+    from pipelines.cli import main
+
+    cfg = vb.small_config()
+    torch.manual_seed(0)
+    hf = transformers.VisualBertForPreTraining(vb.hf_config(cfg)).eval()
+    vb.perturb(hf)
+    with torch.no_grad():  # rows as far apart as trained ones, so that taking the wrong one shows
+        hf.visual_bert.embeddings.visual_token_type_embeddings.weight[0].normal_(0.0, 1.0)
+    hf.config.architectures = ["VisualBertForPreTraining"]
+    release = tmp_path / "uclanlp" / "visualbert-vqa-coco-pre"  # as the hub names it
+    hf.save_pretrained(release)
+    cached = tmp_path / "hub" / "models--uclanlp--visualbert-nlvr2-coco-pre" / "snapshots" / "0abc"
+    hf.save_pretrained(cached)  # as huggingface_hub's cache stores it
+    native = tmp_path / "mine"
+    hf.save_pretrained(native)
+    inputs = vb.make_inputs(cfg)
+    theirs = vb.hf_inputs(inputs)
+    with torch.no_grad():
+        zeros = hf(**theirs, visual_token_type_ids=torch.zeros_like(inputs["visual_attention_mask"]))
+        ones = hf(**theirs)
+    assert (zeros.prediction_logits - ones.prediction_logits)[:, :7].abs().max() > 1e-3  # the type shows
+
+    for src in (release, cached):
+        converted = convert_visualbert(src, tmp_path / "ours" / src.name)
+        assert read_config(converted)[1]["visual_token_type_id"] == 0
+    model = VisualBertForPreTraining.from_pretrained(converted).eval()
+    model.save_pretrained(tmp_path / "saved")
+    again = VisualBertForPreTraining.from_pretrained(tmp_path / "saved").eval()
+    assert again.config.visual_token_type_id == 0
+    with torch.no_grad():
+        out = again(**inputs)
+    torch.testing.assert_close(out.matched_logits, zeros.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+    text = inputs["input_ids"].shape[1]  # ours scores the text positions only
+    torch.testing.assert_close(out.lm_logits, zeros.prediction_logits[:, :text], atol=1e-5, rtol=1e-5)
+
+    tuned = VisualBertForQuestionAnswering.from_pretrained(converted, num_answers=3).eval()  # finetune --init
+    assert tuned.config.visual_token_type_id == 0
+    with torch.no_grad():
+        states = tuned.visual_bert(**inputs).sequence_output
+        reference = hf.visual_bert(
+            **theirs, visual_token_type_ids=torch.zeros_like(inputs["visual_attention_mask"])
+        ).last_hidden_state
+    torch.testing.assert_close(states, reference, atol=1e-5, rtol=1e-5)
+
+    # transformers' own (and xmodal's) keep type 1; the command line says it outright either way
+    assert read_config(convert_visualbert(native, tmp_path / "native"))[1]["visual_token_type_id"] == 1
+    told = tmp_path / "told"
+    assert main(["convert", "visualbert", str(native), str(told), "--visual-token-type", "0"]) == 0
+    told = VisualBertForPreTraining.from_pretrained(told).eval()
+    with torch.no_grad():
+        told_out = told(**inputs)
+    torch.testing.assert_close(told_out.matched_logits, zeros.seq_relationship_logits, atol=1e-5, rtol=1e-5)

@@ -152,8 +152,33 @@ def test_explanation_marks_the_most_attended_regions():
     boxed = [(lb.region, lb.text) for lb in drawing.labels if lb.region >= 0]
     assert boxed == [(1, "#1 0.60"), (3, "#2 0.25")]
     header = [lb.text for lb in drawing.labels if lb.region < 0]
-    assert header == ["Q: what?", "A: red (0.90)", "answer's attention over the 4 regions, top 2:",
-                      "#1  0.60  attr1 obj1", "#2  0.25  attr3 obj3"]  # fmt: skip
+    conf = [f"{float(c):.2f}" for c in rec.objects_conf]
+    assert header == ["Q: what?", "A: red (0.90)",
+                      "answer's attention over all 4 regions (any detector confidence), top 2:",
+                      f"#1  0.60  attr1 obj1 {conf[1]}", f"#2  0.25  attr3 obj3 {conf[3]}"]  # fmt: skip
+
+
+def test_a_box_reads_the_same_on_the_ask_picture_and_the_detection_picture():
+    """The demo's detection picture labels a box "colour shape confidence"; the ask picture of the same
+    scene ranks regions of any confidence, so each must carry the same label there, confidence included
+    (a box the detection picture left out shows a confidence under its threshold)."""
+    from extraction.draw import draw_regions
+
+    rec = _regions("x", 4, np.random.default_rng(3))
+    rec.boxes = np.array([[0, 0, 10, 10], [40, 20, 70, 60], [10, 40, 20, 50], [60, 0, 79, 15]], np.float32)
+    image = np.full((64, 80, 3), 200, np.uint8)
+    attention = np.array([0.1, 0.6, 0.05, 0.25], np.float32)
+    names, colours = ["circle", "square", "triangle", "star"], ["red", "green", "blue", "grey"]
+    ask_drawing = draw_explanation(
+        image, AskResult([("red", 0.9)], rec, attention), "what?", 4, names, colours
+    )
+    detected = draw_regions(image, rec, names, colours, show_conf=True)
+    on_detection = {lb.region: lb.text for lb in detected.labels if lb.region >= 0}
+    ranking = [lb.text for lb in ask_drawing.labels if lb.region < 0 and lb.text.startswith("#")]
+    order = np.argsort(-attention, kind="stable")
+    assert len(ranking) == 4
+    for line, region in zip(ranking, order, strict=True):
+        assert line.endswith(on_detection[int(region)]), (line, on_detection[int(region)])
 
 
 @pytest.mark.parametrize("size", [(40, 30), (96, 96), (480, 640), (2400, 3200), (90, 1800)])
@@ -176,7 +201,7 @@ def test_explanation_is_legible_at_any_size(size, shared_reference, assert_legib
     ranked = [lb.text for lb in drawing.labels if lb.text.startswith("#") and lb.region < 0]
     top = np.argsort(-result.attention)[:5]
     assert ranked == [
-        f"#{k}  {result.attention[i]:.2f}  {attributes[ids[i]]} {objects[ids[i]]}"
+        f"#{k}  {result.attention[i]:.2f}  {attributes[ids[i]]} {objects[ids[i]]} 1.00"  # confidence 1
         for k, i in enumerate(top, 1)
     ]
 

@@ -56,6 +56,10 @@ def test_agreement_shares_and_the_example_rule_by_hand() -> None:
         "names_every_shape": 50.0,
         "by_shapes": {"1": 50.0, "2": 50.0},
         "images_by_shapes": {"1": 2, "2": 2},
+        "names_kinds": 50.0,
+        "uses_a_count": 25.0,  # "2 shapes on ...": a number, if not a count of kinds
+        "repeated": {"images": 0, "named": None},
+        "distinct": {"images": 4, "named": 50.0},
     }
     # the most shapes first, then the lowest id; none when no caption is right
     assert agreeing_example(said, scenes) == 7
@@ -65,3 +69,19 @@ def test_agreement_shares_and_the_example_rule_by_hand() -> None:
         caption_agreement({11: "a red circle"}, scenes)
     with pytest.raises(ValueError, match="no captions"):
         caption_agreement({}, scenes)
+
+
+def test_what_the_captions_learned_counts_aside_and_how_often_they_count() -> None:
+    """A captioner that names colours and kinds but never counts: every scene with a repeated shape is
+    wrong, yet its colours and kinds are right; the figures must show both."""
+    scenes = {1: THREE, 2: TWO, 3: _scene(("blue", "square"), ("blue", "square"), ("blue", "square"))}
+    said = {1: "a red circle and a blue square.", 2: "a red circle and a blue square.", 3: "a blue square."}
+    result = caption_agreement(said, scenes)
+    assert result["names_every_shape"] == 33.3  # only TWO's caption is right
+    assert result["names_kinds"] == 100.0 and result["uses_a_count"] == 0.0
+    assert result["repeated"] == {"images": 2, "named": 0.0}
+    assert result["distinct"] == {"images": 1, "named": 100.0}
+    counted = caption_agreement(
+        {**said, 1: "two red circles and a blue square.", 3: "3 blue squares"}, scenes
+    )
+    assert counted["uses_a_count"] == 66.7 and counted["repeated"] == {"images": 2, "named": 100.0}

@@ -328,9 +328,54 @@ def test_the_caption_section_leads_with_how_many_captions_name_their_scene(tmp_p
     assert "the first test image: no caption names its scene" in text
 
 
+def test_the_caption_section_says_what_the_captioner_learned_from_the_run_s_figures(tmp_path: Path) -> None:
+    """The demo's captions named colours and kinds but never counted (0 of 45 used a number, every scene
+    with a repeated shape was wrong): the page must say so from those figures, not claim counted captions
+    ("two red circles and a blue square") it never wrote."""
+    figures = {"names_kinds": 71.1, "uses_a_count": 0.0, "repeated": {"images": 12, "named": 0.0},
+               "distinct": {"images": 33, "named": 69.7}}  # fmt: skip
+    uncounted = {**CAPTION["agreement"], **figures}
+    caption = {**CAPTION, "agreement": uncounted}
+    text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "caption": caption})).read_text()
+    section = text[text.index("<h2>Captioning (Up-Down)</h2>") :]
+    assert "two red circles" not in section
+    assert "Leaving the counts aside, 71.1% name the scene's colours and shapes" in section
+    assert "0.0% of the captions use a number" in section
+    assert "of the 12 test scenes holding a shape more than once, 0.0% are named right" in section
+    assert "of the 33 whose shapes all differ 69.7%" in section and "it does not count" in section
+    counted = {**uncounted, "uses_a_count": 40.0, "repeated": {"images": 12, "named": 75.0}}
+    caption = {**CAPTION, "agreement": {**counted, "distinct": {"images": 33, "named": 70.0}}}
+    text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "caption": caption})).read_text()
+    assert "it does not count" not in text and "counts included" in text
+
+
 def test_the_probe_row_shows_what_the_features_tell_of_places(tmp_path: Path) -> None:
     probe = {"held_out_regions": 218, "shape_accuracy": 0.986, "colour_accuracy": 1.0, "row_accuracy": 0.651,
              "column_accuracy": 0.583}  # fmt: skip
     text = write_report(ReportInputs(out_dir=tmp_path, summary={**SUMMARY, "probe": probe})).read_text()
     assert "218 held-out regions: shape / colour / row / column" in text
     assert "<td>98.6% / 100.0% / 65.1% / 58.3%</td>" in text
+
+
+def test_the_detector_curve_shows_ap_in_percent_as_the_table_does(tmp_path: Path, monkeypatch) -> None:
+    """The report's detector table gives AP ×100; the curve of the same run's validation AP50 must too."""
+    import matplotlib.figure
+
+    figures = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    rows = [{"step": s, "loss": 1.0 / s} for s in (1, 2, 3)] + [{"step": 3, "valid_AP50": 0.42}]
+    path = tmp_path / "det" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_curves({"detector": path}, tmp_path / "c.png") is not None
+    (fig,) = figures
+    (right,) = [ax for ax in fig.axes if "AP50" in ax.get_ylabel()]
+    assert "%" in right.get_ylabel() and right.get_ylim() == (0, 100)
+    (line,) = right.get_lines()
+    assert list(line.get_ydata()) == [pytest.approx(42.0)]

@@ -182,6 +182,46 @@ def test_the_cached_regions_make_a_captioner_scored_on_the_caption_rows(sitting,
     assert all(r["references"] and isinstance(r["prediction"], str) for r in joined)
 
 
+@pytest.mark.slow
+def test_evaluate_images_after_an_own_detector_run_extracts_nothing_again(
+    sitting, ray_session, tmp_path, one_thread
+):
+    """`finetune vqa --images --detector-weights runs/detector/best`, then `evaluate vqa --images` over the
+    same folder: evaluation rebuilds the extraction from the run's record (which names the detector's own
+    class counts) and must find the store training filled, not extract the folder again."""
+    import dataclasses
+
+    from extraction.config import PRESETS, SMALL_PRESET
+    from extraction.rcnn import VGFasterRCNN, init_random_weights
+    from extraction.weights import save_detector_dir
+
+    s = sitting
+    sizes = {k: tuple(v) if isinstance(v, list) else v for k, v in EXTRACT["overrides"].items()}
+    config = dataclasses.replace(PRESETS[SMALL_PRESET], num_classes=9, num_attributes=6, **sizes)
+    model = VGFasterRCNN(config)
+    init_random_weights(model, 3)
+    detector = tmp_path / "runs" / "detector" / "best"
+    names = [f"shape{i}" for i in range(9)], [f"colour{i}" for i in range(6)]
+    save_detector_dir(model.eval(), config, SMALL_PRESET, *names, detector)
+    extract = tmp_path / "extract.yaml"  # the job's settings; the detector's come from its directory
+    extract.write_text(yaml.safe_dump({k: v for k, v in EXTRACT.items() if k != "overrides"}))
+    cache = tmp_path / "cache"
+    run = tmp_path / "runs" / "vqa"
+    argv = ["finetune", "vqa", "--images", str(s["photos"]), "--extract-config", str(extract)]
+    argv += ["--cache", str(cache), "--detector-weights", str(detector), "--train", str(s["questions"])]
+    argv += ["--out", str(run), "--preset", "tiny", "--vocab", str(s["vocab"]), "--max-steps", "1"]
+    assert main([*argv, "--batch-size", "4", "train.loader_workers=0"]) == 0
+    (store,) = (cache / "stores").glob("*.lmdb")
+    summary = Path(str(store).replace(".lmdb", ".summary.json"))
+    before = summary.stat().st_mtime_ns
+
+    argv = ["evaluate", "vqa", "--checkpoint", str(run / "last"), "--images", str(s["photos"])]
+    argv += ["--cache", str(cache), "--split", str(s["questions"]), "--out", str(tmp_path / "p.json")]
+    assert main(argv) == 0
+    assert list((cache / "stores").glob("*.lmdb")) == [store]
+    assert summary.stat().st_mtime_ns == before  # nothing extracted again
+
+
 def test_rows_naming_pictures_the_folder_lacks_are_listed(sitting, tmp_path, capsys):
     rows = tmp_path / "q.csv"
     rows.write_text(
@@ -207,6 +247,25 @@ def test_an_ambiguous_name_is_refused_not_guessed(tmp_path, capsys):
     argv += ["--vocab", str(_vocab(tmp_path))]  # the rows' images are looked up after the vocabulary
     assert main([*argv, "--train", str(rows), "--out", str(tmp_path / "run")]) == 1
     assert "several stored images are called 'x' ('a/x.jpg', 'b/x.jpg')" in capsys.readouterr().err
+
+
+def test_an_ambiguous_name_and_missing_pictures_are_refused_together(tmp_path, capsys):
+    """One refusal names every problem of the rows: fixing the ambiguous name and rerunning must not
+    reveal missing pictures the first run already knew of."""
+    photos = tmp_path / "photos"
+    for sub in ("a", "b"):
+        (photos / sub).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(photos / sub / "x.jpg")
+    rows = tmp_path / "q.csv"
+    rows.write_text("image,question,answer\nx.jpg,what?,red\ngone.jpg,what?,red\nlost/y.png,what?,blue\n")
+    argv = ["finetune", "vqa", "--images", str(photos), "--cache", str(tmp_path / "cache")]
+    argv += ["--vocab", str(_vocab(tmp_path)), "--train", str(rows), "--out", str(tmp_path / "run")]
+    assert main(argv) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    assert "several stored images are called 'x' ('a/x.jpg', 'b/x.jpg')" in err[0]
+    assert "2 images named by the rows are not in" in err[0]
+    assert "'gone.jpg'" in err[0] and "'lost/y.png'" in err[0]
 
 
 def test_a_picture_in_a_suffix_xmodal_does_not_read_is_named_as_such(tmp_path, capsys):

@@ -413,3 +413,18 @@ def test_tf32_is_the_run_config_choice_and_is_recorded(tmp_path, tf32):
 
 def test_tf32_is_off_unless_asked_for():
     assert TrainConfig().tf32 is False
+
+
+def test_a_tiny_set_is_validated_every_few_epochs_not_after_every_step(tmp_path):
+    """15 pictures in batches of 32 make epochs of one step: validating at each epoch's end decoded the
+    validation set after every step. Without train.eval_every, validation comes at epoch ends at least
+    EPOCH_EVAL_MIN_STEPS steps apart (and at the last step); long epochs keep validating once each."""
+    from pipelines.engine.trainer import EPOCH_EVAL_MIN_STEPS
+
+    steps = EPOCH_EVAL_MIN_STEPS + 5
+    fit(ToyTask(), _cfg(batch_size=64, epochs=steps, log_every=100), tmp_path / "tiny")  # 1 step an epoch
+    rows = read_metrics(tmp_path / "tiny" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "valid_mse" in r] == [EPOCH_EVAL_MIN_STEPS, steps]
+    fit(ToyTask(), _cfg(batch_size=2, epochs=2, log_every=100), tmp_path / "long")  # 32 steps an epoch
+    rows = read_metrics(tmp_path / "long" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "valid_mse" in r] == [32, 64]

@@ -334,7 +334,7 @@ def test_the_scst_recipe_continues_the_cross_entropy_run_s_adam_state(corpus, tm
     fresh._restore()
     assert fresh.optimizer.state_dict()["state"] == {}
     summary = finetune(run, tmp_path / "scst")  # and the SCST steps run on from there
-    assert summary["step"] == 2
+    assert summary["step"] == 3 + 2  # counting on from the cross-entropy run's step, as --start_from
     shutil.copytree(tmp_path / "xe" / "last", tmp_path / "lone")  # weights without their run
     lone = replace(run.task, init=str(tmp_path / "lone"))
     with pytest.raises(ValueError, match="has no optimizer state to continue") as exc:
@@ -344,3 +344,56 @@ def test_the_scst_recipe_continues_the_cross_entropy_run_s_adam_state(corpus, tm
     whole = replace(run.task, init=str(tmp_path / "xe"))
     assert whole.init == init
     assert CaptionTask(whole).init_trainer_states() == CaptionTask(run.task).init_trainer_states()
+
+
+def test_scst_samples_and_its_baseline_run_to_the_decoding_length(corpus, tmp_path, monkeypatch):
+    """AttModel._sample draws SCST's captions and the greedy baseline up to opts.py's max_length (20
+    words), past the 16-word training captions; the recipe decodes validation to 20 as well."""
+    import model.captioning.self_critical as self_critical
+
+    lengths = []
+
+    def spy(real):
+        def decode(model, features, mask=None, max_length=None, *args, **kwargs):
+            lengths.append((real.__name__, max_length or model.config.max_length))
+            return real(model, features, mask, max_length, *args, **kwargs)
+
+        return decode
+
+    monkeypatch.setattr(self_critical, "greedy", spy(self_critical.greedy))
+    monkeypatch.setattr(self_critical, "sample", spy(self_critical.sample))
+    run = _with_recipe(
+        caption_run(corpus, steps=1, scst_from_epoch=0, max_length=16), "self-critical-updown-scst"
+    )
+    run.train.eval_every = None
+    finetune(run, tmp_path / "scst")
+    assert set(lengths) == {("greedy", 20), ("sample", 20)}
+
+
+def test_scst_after_cross_entropy_counts_on_and_must_beat_its_best(corpus, tmp_path):
+    """train.py with --start_from: `iteration = infos['iter']` (validation every save_checkpoint_every of
+    the whole count) and `best_val_score = infos['best_val_score']` (load_best_score 1): the SCST model is
+    the best only when its CIDEr beats the cross-entropy run's best."""
+    finetune(caption_run(corpus, steps=3), tmp_path / "xe")
+    xe_best = json.loads((tmp_path / "xe" / "best" / "best.json").read_text())
+    run = caption_run(
+        corpus, steps=2, scst_from_epoch=0, init=str(tmp_path / "xe" / "last"), init_optimizer=True
+    )
+    run.train.eval_every = 4  # due at step 4 of the whole count: the SCST run's first step
+    started = trainer.TrainingRun(CaptionTask(run.task), run.train, tmp_path / "scst", resume=False)
+    started._build()
+    started._restore()
+    assert started.step == 3 and started.total_steps == 5
+    assert started.best["value"] == xe_best["value"] and started.best["step"] == xe_best["step"]
+    summary = finetune(run, tmp_path / "scst")
+    assert summary["step"] == 5
+    assert latest_checkpoint(tmp_path / "scst" / "checkpoints").name.endswith("5")
+    rows = [json.loads(line) for line in (tmp_path / "scst" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in rows if "valid_CIDEr" in r]
+    assert [r["step"] for r in valid] == [4, 5]
+    best = summary["best"]
+    beaten = [r for r in valid if r["valid_CIDEr"] > xe_best["value"]]
+    if beaten:
+        assert best["step"] >= 4 and (tmp_path / "scst" / "best").is_dir()
+    else:
+        assert best["value"] == xe_best["value"] and not (tmp_path / "scst" / "best").exists()
