@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ def salvage(path: str | os.PathLike) -> Salvage:
         if walk.broken and len(snapshots) > 1:
             _add_hidden(walk, walk_records(data, RECORDS_DB, snapshots[1], values=True, locate=True))
         meta, stale = _meta(path, data, snapshots)
-    except (OSError, ValueError, StoreError) as exc:
+    except (OSError, ValueError, struct.error, StoreError) as exc:  # struct: a file shorter than a page
         raise StoreDamagedError(
             f"store {path} cannot be salvaged: {exc}; restore it from a copy, or re-extract or re-import it"
         ) from exc

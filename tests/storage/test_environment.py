@@ -68,7 +68,13 @@ def test_truncated_store_is_refused_by_every_command(store, tmp_path, make_recor
         proc = xmodal("features", "merge", str(tmp_path / "src"), str(store))
     else:
         proc = xmodal("features", command, str(store))
-    assert_clear_failure(proc, "truncated", str(store), "re-extract")
+    if command == "verify":  # verify reports what it can still read, then the damage, and fails
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        problems = [line for line in proc.stdout.splitlines() if line.startswith("PROBLEM")]
+        assert problems and "truncated" in problems[0] and str(store) in problems[0], proc.stdout
+        assert "merge --salvage" in problems[0], problems[0]
+        return
+    assert_clear_failure(proc, "truncated", str(store), "merge --salvage")
 
 
 @pytest.mark.parametrize(
