@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import lmdb
 import numpy as np
 
 from storage import codec
@@ -18,6 +19,7 @@ from storage.contents import contents_lie
 from storage.environment import (
     StoreDamagedError,
     broken_tree,
+    lmdb,
     lmdb_failure,
     open_environment,
     walk_store,
@@ -31,6 +33,37 @@ from storage.validate import BadRecordError, RecordLimits, bad_record, problem
 log = logging.getLogger(__name__)
 
 _KEYS_PER_TXN = 4096
+_MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)  # 3 on Linux and the BSDs
+
+
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's madvise, where the system has one."""
+    call = getattr(ctypes.CDLL(None), "madvise", None) if os.name == "posix" else None
+    if call is not None:
+        call.argtypes, call.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    return call
+
+
+_madvise_call = _madvise()
+
+
+def request_ranges(ranges: Sequence[Sequence[int]]) -> None:
+    """madvise(WILLNEED) each page-aligned (address, size) range of a store's memory map: the kernel
+    starts reading all of them into the page cache, without waiting for any, so the disk gets them queued
+    together. A hint only: where it is refused (or the system has no such call) reads fault the pages in
+    as before."""
+    if _madvise_call is None:
+        return
+    for start, size in ranges:
+        _madvise_call(start, size, _MADV_WILLNEED)
+
+
+def wrong_record(path: Path, asked: str, found: str) -> StoreDamagedError:
+    """The error for a value stored under `asked` that holds the record of `found` (a broken pointer)."""
+    return StoreDamagedError(
+        f"store {path} is damaged: the value stored under {asked!r} is the record of {found!r}; run "
+        f"`xmodal features verify {path}` to see what is lost, then re-extract or re-import it"
+    )
 
 
 class _Shard:
@@ -88,6 +121,26 @@ class _Shard:
 
             return contents_lie(self.path, self.meta, self._walk.keys, value_of)
 
+    def request(self, values: list[memoryview]) -> None:
+        """Ask the disk for every page of `values` (views into this environment's map, from one read
+        transaction) at once, before any is touched: through the map a cold value would otherwise come
+        in one page fault, one disk read, at a time. Only those pages: adjacent values merge into one
+        range, and nothing beside them is read ahead."""
+        page = mmap.PAGESIZE
+        spans = []
+        for value in values:
+            if len(value):
+                start = np.frombuffer(value, np.uint8).ctypes.data
+                spans.append((start - start % page, start + len(value)))
+        merged: list[list[int]] = []  # [first byte, end] of runs of whole pages
+        for start, end in sorted(spans):
+            end += -end % page
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        request_ranges([(start, end - start) for start, end in merged])
+
     def tree(self, values: bool = False) -> TreeWalk:
         """The walk of the records tree (storage.btree), made once; `values` also checks value pages."""
         if self._walk is None or (values and not self._walk_values):
@@ -121,8 +174,15 @@ class _Shard:
 
     def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
         """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
-        bytearray (which decodes into writable arrays)."""
-        return self._lookup(key, bytearray if buffers else bytes)
+        bytearray (which decodes into writable arrays). A value beyond one page is requested whole first."""
+        copy = bytearray if buffers else bytes
+
+        def take(value: memoryview) -> bytes | bytearray:
+            if len(value) > mmap.PAGESIZE:
+                self.request([value])
+            return copy(value)
+
+        return self._lookup(key, take)
 
     def _lookup(self, key: bytes, take: Callable[[memoryview], object]) -> object | None:
         """`take(value)` of `key`'s value, inside its read transaction, or None when it is absent."""
@@ -344,6 +404,8 @@ class FeatureReader:
             value = shard.get(key, buffers=True)
             if value is not None:
                 rec = codec.decode(value, key)
+                if rec.img_id != img_id:
+                    raise wrong_record(shard.path, img_id, rec.img_id)
                 if self.validate:
                     self._check(rec, index)
                 return rec
@@ -413,6 +475,7 @@ class FeatureReader:
         them). A missing id raises KeyError; records are checked as `reader[img_id]` checks them."""
         with self.view() as view:
             unique = {img_id: None for img_id in img_ids}
+            view.request(unique)
             for img_id in unique:
                 unique[img_id] = view[img_id]
             records = [unique[img_id] for img_id in img_ids]
@@ -520,8 +583,23 @@ class _View:
     ) -> None:
         self._pairs = list(zip(shards, txns, strict=True))
         self._check = check
+        self._found: dict[str, tuple[int, memoryview]] = {}  # looked up by `request`, not yet decoded
 
-    def __getitem__(self, img_id: str) -> RegionFeatures:
+    def request(self, img_ids: Iterable[str]) -> None:
+        """Look up `img_ids` (touching only the tree's pages) and ask the disk for all their values at
+        once, so that decoding them next waits for the disk once rather than once per page."""
+        wanted: list[list[memoryview]] = [[] for _ in self._pairs]
+        for img_id in img_ids:
+            found = self._lookup(img_id)
+            if found is not None:
+                self._found[img_id] = found
+                wanted[found[0]].append(found[1])
+        for (shard, _), values in zip(self._pairs, wanted, strict=True):
+            if values:
+                shard.request(values)
+
+    def _lookup(self, img_id: str) -> tuple[int, memoryview] | None:
+        """(shard index, value in the map) of `img_id`, or None when no shard holds it."""
         key = img_id.encode("utf-8")
         for index, (shard, txn) in enumerate(self._pairs):
             if shard.broken:
@@ -531,10 +609,20 @@ class _View:
             except lmdb.Error as exc:
                 raise lmdb_failure(shard.path, exc, f"reading {img_id!r}") from exc
             if value is not None:
-                rec = codec.decode(value, key)
-                if self._check is not None:
-                    self._check(rec, index)
-                return rec
-        for shard, _ in self._pairs:
-            shard.hidden(key)
-        raise KeyError(img_id)
+                return index, value
+        return None
+
+    def __getitem__(self, img_id: str) -> RegionFeatures:
+        found = self._found.pop(img_id, None) or self._lookup(img_id)
+        if found is None:
+            key = img_id.encode("utf-8")
+            for shard, _ in self._pairs:
+                shard.hidden(key)
+            raise KeyError(img_id)
+        index, value = found
+        rec = codec.decode(value, img_id.encode("utf-8"))
+        if rec.img_id != img_id:
+            raise wrong_record(self._pairs[index][0].path, img_id, rec.img_id)
+        if self._check is not None:
+            self._check(rec, index)
+        return rec
