@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -54,10 +56,22 @@ class BrokenPage:
 
 @dataclass
 class TreeWalk:
-    """What a walk found: the intact keys in order and the broken pages."""
+    """What a walk found: the intact keys in order and the broken pages; for each key, where its value
+    lies in the file: `value_at[i]` bytes from the start, `value_size[i]` long (its overflow pages,
+    header included), or 0 and 0 for a value kept in its leaf."""
 
     keys: list[bytes] = field(default_factory=list)
     broken: list[BrokenPage] = field(default_factory=list)
+    value_at: array = field(default_factory=lambda: array("q"))
+    value_size: array = field(default_factory=lambda: array("q"))
+
+    def value_span(self, key: bytes) -> tuple[int, int]:
+        """(offset, size) of `key`'s overflow pages in the file as walked; (0, 0) when it has none or the
+        walk did not see it."""
+        i = bisect_left(self.keys, key)
+        if i < len(self.keys) and self.keys[i] == key:
+            return self.value_at[i], self.value_size[i]
+        return 0, 0
 
 
 def walk_records(data: Path, db_name: bytes, txnid: int | None = None, values: bool = False) -> TreeWalk:
@@ -178,6 +192,7 @@ class _Pages:
                 reason = f"leaf page {pgno}: a value runs past the page"
                 walk.broken.append(BrokenPage(pgno, key, key, reason))
                 continue
+            at = span = 0
             if flags & F_BIGDATA:
                 (first,) = struct.unpack_from("<Q", raw, data)
                 pages = -(-(size + PAGE_HEADER.size) // self.psize)
@@ -191,7 +206,10 @@ class _Pages:
                 if page is None:
                     walk.broken.append(BrokenPage(first, key, key, f"value page {first} {why}"))
                     continue
+                at, span = first * self.psize, pages * self.psize
             walk.keys.append(key)
+            walk.value_at.append(at)
+            walk.value_size.append(span)
 
 
 _KIND = {P_BRANCH: "branch", P_LEAF: "leaf", P_OVERFLOW: "value (overflow)"}

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,29 +31,16 @@ from storage.validate import BadRecordError, RecordLimits, bad_record, problem
 log = logging.getLogger(__name__)
 
 _KEYS_PER_TXN = 4096
-_MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)  # 3 on Linux and the BSDs
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's madvise, where the system has one."""
-    call = getattr(ctypes.CDLL(None), "madvise", None) if os.name == "posix" else None
-    if call is not None:
-        call.argtypes, call.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
-    return call
-
-
-_madvise_call = _madvise()
-
-
-def request_ranges(ranges: Sequence[Sequence[int]]) -> None:
-    """madvise(WILLNEED) each page-aligned (address, size) range of a store's memory map: the kernel
-    starts reading all of them into the page cache, without waiting for any, so the disk gets them queued
-    together. A hint only: where it is refused (or the system has no such call) reads fault the pages in
-    as before."""
-    if _madvise_call is None:
+def request_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> None:
+    """posix_fadvise(WILLNEED) each (offset, size) range of file `fd`: the kernel starts reading all of
+    them into the page cache without waiting for any, so the disk gets them queued together. A hint only:
+    where the system has no such call, reads fault the pages in as before."""
+    if not hasattr(os, "posix_fadvise"):
         return
     for start, size in ranges:
-        _madvise_call(start, size, _MADV_WILLNEED)
+        os.posix_fadvise(fd, start, size, os.POSIX_FADV_WILLNEED)
 
 
 def wrong_record(path: Path, asked: str, found: str) -> StoreDamagedError:
@@ -92,6 +77,7 @@ class _Shard:
             self.env.close()
             raise lmdb_failure(path, exc, "opening its databases", whole=True) from exc
         self.lock = lock
+        self._fd: int | None = None  # data.mdb, for read hints (`request`)
         self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
         self._walk: TreeWalk | None = None
         self._walk_values = False
@@ -121,25 +107,34 @@ class _Shard:
 
             return contents_lie(self.path, self.meta, self._walk.keys, value_of)
 
-    def request(self, values: list[memoryview]) -> None:
-        """Ask the disk for every page of `values` (views into this environment's map, from one read
-        transaction) at once, before any is touched: through the map a cold value would otherwise come
-        in one page fault, one disk read, at a time. Only those pages: adjacent values merge into one
-        range, and nothing beside them is read ahead."""
-        page = mmap.PAGESIZE
-        spans = []
-        for value in values:
-            if len(value):
-                start = np.frombuffer(value, np.uint8).ctypes.data
-                spans.append((start - start % page, start + len(value)))
-        merged: list[list[int]] = []  # [first byte, end] of runs of whole pages
-        for start, end in sorted(spans):
-            end += -end % page
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end)
+    def close(self) -> None:
+        self.env.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def request(self, keys: Iterable[bytes]) -> None:
+        """Ask the disk for the value pages of every one of `keys` at once, before any is read: lmdb's
+        reads (py-lmdb touches each page of a value as it looks it up) would otherwise fault a cold value
+        in one page, one disk read, at a time. Where the values lie comes from the walk of the tree made
+        at open (storage.btree), so nothing of the map is touched here; adjacent values merge into one
+        range, and nothing beside them is read. A value the walk did not see (written since, or on a
+        broken page) is not requested: its read checks and reports it as before."""
+        walk = self._walk
+        if walk is None:
+            return
+        spans = sorted(span for span in map(walk.value_span, keys) if span[1])
+        if not spans:
+            return
+        merged: list[list[int]] = []
+        for start, size in spans:
+            if merged and start <= merged[-1][0] + merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], start + size - merged[-1][0])
             else:
-                merged.append([start, end])
-        request_ranges([(start, end - start) for start, end in merged])
+                merged.append([start, size])
+        if self._fd is None:
+            self._fd = os.open(self.path / "data.mdb", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        request_ranges(self._fd, [(start, size) for start, size in merged])
 
     def tree(self, values: bool = False) -> TreeWalk:
         """The walk of the records tree (storage.btree), made once; `values` also checks value pages."""
@@ -174,15 +169,11 @@ class _Shard:
 
     def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
         """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
-        bytearray (which decodes into writable arrays). A value beyond one page is requested whole first."""
+        bytearray (which decodes into writable arrays). Its pages are requested together first."""
         copy = bytearray if buffers else bytes
 
-        def take(value: memoryview) -> bytes | bytearray:
-            if len(value) > mmap.PAGESIZE:
-                self.request([value])
-            return copy(value)
-
-        return self._lookup(key, take)
+        self.request([key])
+        return self._lookup(key, copy)
 
     def _lookup(self, key: bytes, take: Callable[[memoryview], object]) -> object | None:
         """`take(value)` of `key`'s value, inside its read transaction, or None when it is absent."""
@@ -235,7 +226,7 @@ def _shard(path: Path, lock: bool, readahead: bool) -> _Shard:
     global _OPEN_PID
     if os.getpid() != _OPEN_PID:
         for inherited in _OPEN.values():
-            inherited.env.close()
+            inherited.close()
         _OPEN.clear()
         _OPEN_PID = os.getpid()
     key = path.resolve()
@@ -264,7 +255,7 @@ def release(path: str | os.PathLike) -> None:
         )
     if shard is not None:
         del _OPEN[key]
-        shard.env.close()
+        shard.close()
         _generation += 1
 
 
@@ -583,20 +574,13 @@ class _View:
     ) -> None:
         self._pairs = list(zip(shards, txns, strict=True))
         self._check = check
-        self._found: dict[str, tuple[int, memoryview]] = {}  # looked up by `request`, not yet decoded
 
     def request(self, img_ids: Iterable[str]) -> None:
-        """Look up `img_ids` (touching only the tree's pages) and ask the disk for all their values at
-        once, so that decoding them next waits for the disk once rather than once per page."""
-        wanted: list[list[memoryview]] = [[] for _ in self._pairs]
-        for img_id in img_ids:
-            found = self._lookup(img_id)
-            if found is not None:
-                self._found[img_id] = found
-                wanted[found[0]].append(found[1])
-        for (shard, _), values in zip(self._pairs, wanted, strict=True):
-            if values:
-                shard.request(values)
+        """Ask the disk for all the values of `img_ids` at once (see `_Shard.request`), so that reading
+        them next waits for the disk about once rather than once per page."""
+        keys = [img_id.encode("utf-8") for img_id in img_ids]
+        for shard, _ in self._pairs:
+            shard.request(keys)
 
     def _lookup(self, img_id: str) -> tuple[int, memoryview] | None:
         """(shard index, value in the map) of `img_id`, or None when no shard holds it."""
@@ -613,7 +597,7 @@ class _View:
         return None
 
     def __getitem__(self, img_id: str) -> RegionFeatures:
-        found = self._found.pop(img_id, None) or self._lookup(img_id)
+        found = self._lookup(img_id)
         if found is None:
             key = img_id.encode("utf-8")
             for shard, _ in self._pairs:
