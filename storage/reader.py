@@ -10,6 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    import resource
+except ImportError:  # not on Windows: reads are then always requested
+    resource = None
+
 from storage import codec
 from storage.batch import Allocator, RegionBatch, fill_batch
 from storage.btree import BrokenPage, TreeWalk
@@ -31,6 +36,13 @@ from storage.validate import BadRecordError, RecordLimits, bad_record, problem
 log = logging.getLogger(__name__)
 
 _KEYS_PER_TXN = 4096
+
+
+def major_faults() -> int:
+    """Page faults this thread has waited on the disk for (0 where the system does not count them)."""
+    if resource is None:
+        return 0
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_majflt
 
 
 def request_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> None:
@@ -78,6 +90,11 @@ class _Shard:
             raise lmdb_failure(path, exc, "opening its databases", whole=True) from exc
         self.lock = lock
         self._fd: int | None = None  # data.mdb, for read hints (`request`)
+        # whether reads are requested ahead: until a read finds all its pages in memory, and again from
+        # the first read that waits for the disk (a warm store then pays no call per value)
+        self.ahead = True
+        self.probe = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+        self._scratch = bytearray()
         self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
         self._walk: TreeWalk | None = None
         self._walk_values = False
@@ -113,28 +130,58 @@ class _Shard:
             os.close(self._fd)
             self._fd = None
 
-    def request(self, keys: Iterable[bytes]) -> None:
+    def request(self, keys: Iterable[bytes]) -> int:
         """Ask the disk for the value pages of every one of `keys` at once, before any is read: lmdb's
         reads (py-lmdb touches each page of a value as it looks it up) would otherwise fault a cold value
         in one page, one disk read, at a time. Where the values lie comes from the walk of the tree made
         at open (storage.btree), so nothing of the map is touched here; adjacent values merge into one
         range, and nothing beside them is read. A value the walk did not see (written since, or on a
-        broken page) is not requested: its read checks and reports it as before."""
+        broken page) is not requested: its read checks and reports it as before.
+
+        A warm store pays no call per value: when every value asked for is already in memory, requests
+        stop until a read waits for the disk again (`settle`). Returns the thread's major fault count,
+        for `settle`."""
         walk = self._walk
-        if walk is None:
-            return
-        spans = sorted(span for span in map(walk.value_span, keys) if span[1])
+        spans = sorted(span for span in map(walk.value_span, keys) if span[1]) if self.ahead and walk else ()
         if not spans:
-            return
+            return major_faults()
+        if self._fd is None:
+            self._fd = os.open(self.path / "data.mdb", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if self._in_memory(spans):
+            self.ahead = False
+            return major_faults()
         merged: list[list[int]] = []
         for start, size in spans:
             if merged and start <= merged[-1][0] + merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], start + size - merged[-1][0])
             else:
                 merged.append([start, size])
-        if self._fd is None:
-            self._fd = os.open(self.path / "data.mdb", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         request_ranges(self._fd, [(start, size) for start, size in merged])
+        return major_faults()
+
+    def _in_memory(self, spans: list[tuple[int, int]]) -> bool:
+        """Whether every span is in the page cache: read without waiting for the disk (RWF_NOWAIT stops
+        at the first byte that is not), so a cold store answers at its first value."""
+        if not self.probe:
+            return False
+        for start, size in spans:
+            if len(self._scratch) < size:
+                self._scratch = bytearray(size)
+            try:
+                if os.preadv(self._fd, [memoryview(self._scratch)[:size]], start, os.RWF_NOWAIT) < size:
+                    return False
+            except BlockingIOError:
+                return False
+            except OSError:  # a file system that cannot tell: request every read
+                self.probe = False
+                return False
+        return True
+
+    def settle(self, faults: int) -> None:
+        """After reading what `request` was given (which returned `faults`): a read that waited for the
+        disk turns requests back on."""
+        if major_faults() > faults:
+            self.ahead = True
 
     def tree(self, values: bool = False) -> TreeWalk:
         """The walk of the records tree (storage.btree), made once; `values` also checks value pages."""
@@ -172,8 +219,10 @@ class _Shard:
         bytearray (which decodes into writable arrays). Its pages are requested together first."""
         copy = bytearray if buffers else bytes
 
-        self.request([key])
-        return self._lookup(key, copy)
+        faults = self.request([key])
+        value = self._lookup(key, copy)
+        self.settle(faults)
+        return value
 
     def _lookup(self, key: bytes, take: Callable[[memoryview], object]) -> object | None:
         """`take(value)` of `key`'s value, inside its read transaction, or None when it is absent."""
@@ -466,9 +515,10 @@ class FeatureReader:
         them). A missing id raises KeyError; records are checked as `reader[img_id]` checks them."""
         with self.view() as view:
             unique = {img_id: None for img_id in img_ids}
-            view.request(unique)
+            faults = view.request(unique)
             for img_id in unique:
                 unique[img_id] = view[img_id]
+            view.settle(faults)
             records = [unique[img_id] for img_id in img_ids]
             dtype = np.dtype(self.dtype).newbyteorder("<")
             return fill_batch(records, width, self.feature_dim, dtype, alloc)
@@ -575,12 +625,16 @@ class _View:
         self._pairs = list(zip(shards, txns, strict=True))
         self._check = check
 
-    def request(self, img_ids: Iterable[str]) -> None:
+    def request(self, img_ids: Iterable[str]) -> list[int]:
         """Ask the disk for all the values of `img_ids` at once (see `_Shard.request`), so that reading
-        them next waits for the disk about once rather than once per page."""
+        them next waits for the disk about once rather than once per page; pass the result to `settle`
+        once they are read."""
         keys = [img_id.encode("utf-8") for img_id in img_ids]
-        for shard, _ in self._pairs:
-            shard.request(keys)
+        return [shard.request(keys) for shard, _ in self._pairs]
+
+    def settle(self, faults: list[int]) -> None:
+        for (shard, _), before in zip(self._pairs, faults, strict=True):
+            shard.settle(before)
 
     def _lookup(self, img_id: str) -> tuple[int, memoryview] | None:
         """(shard index, value in the map) of `img_id`, or None when no shard holds it."""

@@ -38,6 +38,7 @@ def value_pages(path, ids) -> set[int]:
         assert data.count(value) == 1
         start = data.index(value)
         out |= {p * PAGE for p in range(start // PAGE, (start + len(value) - 1) // PAGE + 1)}
+    reader.close()  # the readers tested open the store afresh
     return out
 
 
@@ -60,7 +61,16 @@ def leaf_pointer(data: bytes, img_id: str) -> int:
 
 
 @pytest.fixture
-def calls(monkeypatch):
+def in_memory(monkeypatch):
+    """Whether the reader finds the values it probes in the page cache: False (a cold store, as these
+    small stores are not) unless a test sets it."""
+    state = [False]
+    monkeypatch.setattr(storage.reader._Shard, "_in_memory", lambda self, spans: state[0])
+    return state
+
+
+@pytest.fixture
+def calls(monkeypatch, in_memory):
     """The order of disk requests and decodes: ("request", ranges) and ("decode", id) entries."""
     log: list[tuple[str, object]] = []
     request, decode = storage.reader.request_ranges, storage.codec.decode
@@ -163,3 +173,46 @@ def test_a_value_of_another_record_is_refused_naming_both(swapped, how):
     assert f"xmodal features verify {swapped}" in str(err.value)
     assert reader["img_000003"].img_id == "img_000003"
     assert reader.read_batch(["img_000001", "img_000003"]).features.shape[0] == 2
+
+
+def test_reads_are_requested_ahead_only_while_they_wait_for_the_disk(store, calls, in_memory, monkeypatch):
+    """A warm store pays no request per value: once every value a read asks for is in memory, reads are
+    not requested until one waits for the disk (a major page fault)."""
+    cold = [0]  # while 1, every decode counts as a read that waited for the disk
+    monkeypatch.setattr(
+        storage.reader, "major_faults", lambda: cold[0] * sum(kind == "decode" for kind, _ in calls)
+    )
+    reader = FeatureReader(store)
+    kinds = []
+    for batch, (found, waits) in enumerate([(False, 0), (True, 0), (True, 1), (False, 0), (False, 0)]):
+        in_memory[0], cold[0] = found, waits
+        calls.clear()
+        reader.read_batch([f"img_{batch:06d}", f"img_{batch + 1:06d}"])
+        kinds.append(calls[0][0])
+    # requested while not in memory; not once found there, even when a read then waits; requested again
+    # after that
+    assert kinds == ["request", "decode", "decode", "request", "request"]
+
+
+def test_the_page_cache_probe(store):
+    """The probe behind that, on the file alone (no reader maps it): evicted from the page cache the
+    values are not in memory, read once they are."""
+    import os
+    from types import SimpleNamespace
+
+    from storage.btree import walk_records
+    from storage.metadata import RECORDS_DB
+
+    walk = walk_records(store / "data.mdb", RECORDS_DB)
+    spans = [walk.value_span(f"img_{i:06d}".encode()) for i in range(COUNT)]
+    assert all(size for _, size in spans)
+    fd = os.open(store / "data.mdb", os.O_RDONLY)
+    try:
+        shard = SimpleNamespace(probe=True, _fd=fd, _scratch=bytearray())
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not storage.reader._Shard._in_memory(shard, spans)
+        os.pread(fd, os.path.getsize(store / "data.mdb"), 0)
+        assert storage.reader._Shard._in_memory(shard, spans)
+    finally:
+        os.close(fd)
