@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 _KEYS_PER_TXN = 4096
 
 
+_WATCH_EVERY = 16
+
+
 def major_faults() -> int:
     """Page faults this thread has waited on the disk for (0 where the system does not count them)."""
     if resource is None:
@@ -95,6 +98,7 @@ class _Shard:
         self.ahead = True
         self.probe = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
         self._scratch = bytearray()
+        self._unwatched = 0  # warm single reads since one was watched (`get`)
         self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
         self._walk: TreeWalk | None = None
         self._walk_values = False
@@ -218,7 +222,11 @@ class _Shard:
         """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
         bytearray (which decodes into writable arrays). Its pages are requested together first."""
         copy = bytearray if buffers else bytes
-
+        if not self.ahead:
+            # warm: one read in _WATCH_EVERY watches for disk waits, the rest pay nothing for it
+            self._unwatched = (self._unwatched + 1) % _WATCH_EVERY
+            if self._unwatched:
+                return self._lookup(key, copy)
         faults = self.request([key])
         value = self._lookup(key, copy)
         self.settle(faults)
