@@ -66,12 +66,12 @@ class TreeWalk:
     value_size: array = field(default_factory=lambda: array("q"))
 
     def value_span(self, key: bytes) -> tuple[int, int]:
-        """(offset, size) of `key`'s overflow pages in the file as walked; (0, 0) when it has none or the
-        walk did not see it."""
+        """(offset, size) of `key`'s overflow pages in the file as walked: (0, 0) when its value is kept in
+        its leaf, (-1, -1) when the walk did not see it."""
         i = bisect_left(self.keys, key)
         if i < len(self.keys) and self.keys[i] == key:
             return self.value_at[i], self.value_size[i]
-        return 0, 0
+        return -1, -1
 
 
 def walk_records(data: Path, db_name: bytes, txnid: int | None = None, values: bool = False) -> TreeWalk:

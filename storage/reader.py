@@ -146,7 +146,9 @@ class _Shard:
         stop until a read waits for the disk again (`settle`). Returns the thread's major fault count,
         for `settle`."""
         walk = self._walk
-        spans = sorted(span for span in map(walk.value_span, keys) if span[1]) if self.ahead and walk else ()
+        spans = (
+            sorted(span for span in map(walk.value_span, keys) if span[1] > 0) if self.ahead and walk else ()
+        )
         if not spans:
             return major_faults()
         if self._fd is None:
@@ -215,7 +217,10 @@ class _Shard:
             raise lmdb_failure(self.path, exc, "starting a read", whole=True) from exc
 
     def has(self, key: bytes) -> bool:
-        """Whether `key` is stored (its value is not copied out of the map)."""
+        """Whether `key` is stored. The walk made at open answers for the keys it saw without lmdb, whose
+        lookup (py-lmdb touches every page of the value found) would read the whole value from disk."""
+        if self._walk is not None and self._walk.value_span(key) != (-1, -1):
+            return True
         return self._lookup(key, lambda value: True) is not None
 
     def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:

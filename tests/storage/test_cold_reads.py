@@ -216,3 +216,22 @@ def test_the_page_cache_probe(store):
         assert storage.reader._Shard._in_memory(shard, spans)
     finally:
         os.close(fd)
+
+
+def test_membership_reads_no_value(store, monkeypatch):
+    """`img_id in reader` (the trainer checks every id it will read) answers from the walk of the tree,
+    without an lmdb lookup that would bring the whole value in from disk; a missing id still asks lmdb."""
+    reader = FeatureReader(store)
+    len(reader)
+    looked_up = []
+    lookup = storage.reader._Shard._lookup
+
+    def recording(self, key, take):
+        looked_up.append(key)
+        return lookup(self, key, take)
+
+    monkeypatch.setattr(storage.reader._Shard, "_lookup", recording)
+    assert all(f"img_{i:06d}" in reader for i in range(COUNT))
+    assert looked_up == []
+    assert "img_999999" not in reader
+    assert looked_up == [b"img_999999"]
