@@ -239,6 +239,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=9_180_000, help="corpus pairs (default 9,180,000)")
     parser.add_argument("--workdir", help="where to write: the disk measured (default: the system temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the store and corpus afterwards")
+    parser.add_argument("--store", help="measure this store (one --keep left) instead of writing one")
     parser.add_argument("--batches", type=int, default=60, help="timed batches of 256 per cold measurement")
     parser.add_argument("--disk-seconds", type=float, default=5.0, help="seconds per disk measurement")
     parser.add_argument(
@@ -258,11 +259,17 @@ def main() -> int:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_scale_", dir=args.workdir))
     try:
-        store = work / "feats.lmdb"
-        print(f"writing {count} records ({count * per_record / 2**30:.1f} GiB) to {store}", flush=True)
-        write_s = write_store(store, count)
+        if args.store:
+            from storage import FeatureReader
+
+            store = Path(args.store)
+            count = len(FeatureReader(store))
+        else:
+            store = work / "feats.lmdb"
+            print(f"writing {count} records ({count * per_record / 2**30:.1f} GiB) to {store}", flush=True)
+            write_s = write_store(store, count)
+            print(f"written in {write_s:.0f} s", flush=True)
         store_bytes = os.path.getsize(store / "data.mdb")
-        print(f"written in {write_s:.0f} s ({store_bytes / write_s / 2**20:.0f} MiB/s)", flush=True)
         disk = {k: disk_rate(store / "data.mdb", k, args.disk_seconds, value) for k in (1, 4)}
         spec = {"features": str(store), **make_questions(work, count), "batches": args.batches}
         # the batches measured must fit the store: at most half of it per measurement
