@@ -64,6 +64,17 @@ class TreeWalk:
     broken: list[BrokenPage] = field(default_factory=list)
     value_at: array = field(default_factory=lambda: array("q"))
     value_size: array = field(default_factory=lambda: array("q"))
+    leaf_at: array = field(default_factory=lambda: array("q"))  # the offset of the leaf holding each key
+    page_size: int = 4096
+
+    def spans(self, key: bytes) -> tuple[tuple[int, int], ...]:
+        """The (offset, size) ranges of the file that reading `key` touches beyond the branch pages: its
+        leaf and its overflow pages; none when the walk did not see it."""
+        i = bisect_left(self.keys, key)
+        if i < len(self.keys) and self.keys[i] == key:
+            leaf = (self.leaf_at[i], self.page_size)
+            return (leaf, (self.value_at[i], self.value_size[i])) if self.value_size[i] else (leaf,)
+        return ()
 
     def value_span(self, key: bytes) -> tuple[int, int]:
         """(offset, size) of `key`'s overflow pages in the file as walked: (0, 0) when its value is kept in
@@ -79,7 +90,7 @@ def walk_records(data: Path, db_name: bytes, txnid: int | None = None, values: b
     last committed), checking every branch and leaf page, and with `values` every value's first page."""
     with open(data, "rb") as f:
         pages = _Pages(f.fileno(), txnid, values)
-        walk = TreeWalk()
+        walk = TreeWalk(page_size=pages.psize)
         main = pages.main_root()
         root = pages.named_root(main, db_name, walk) if main != P_INVALID else None
         if root is not None and root != P_INVALID:
@@ -210,6 +221,7 @@ class _Pages:
             walk.keys.append(key)
             walk.value_at.append(at)
             walk.value_size.append(span)
+            walk.leaf_at.append(pgno * self.psize)
 
 
 _KIND = {P_BRANCH: "branch", P_LEAF: "leaf", P_OVERFLOW: "value (overflow)"}

@@ -146,9 +146,7 @@ class _Shard:
         stop until a read waits for the disk again (`settle`). Returns the thread's major fault count,
         for `settle`."""
         walk = self._walk
-        spans = (
-            sorted(span for span in map(walk.value_span, keys) if span[1] > 0) if self.ahead and walk else ()
-        )
+        spans = sorted(span for key in keys for span in walk.spans(key)) if self.ahead and walk else ()
         if not spans:
             return major_faults()
         if self._fd is None:

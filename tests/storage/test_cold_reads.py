@@ -6,6 +6,7 @@ by their bytes and by the leaf node's page number, independently of storage.btre
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 
@@ -28,8 +29,9 @@ def store(tmp_path, make_record):
 
 
 def value_pages(path, ids) -> set[int]:
-    """The offsets in data.mdb of the pages holding the ids' stored values (with the overflow page header
-    before each), found by the values' bytes in the file."""
+    """The offsets in data.mdb of the pages a read of the ids touches past the branch pages: the leaf
+    holding each id's node and its value's pages (with the overflow page header before it), found by
+    the values' bytes and the keys in the file."""
     reader = FeatureReader(path)
     data = (path / "data.mdb").read_bytes()
     out = set()
@@ -38,8 +40,14 @@ def value_pages(path, ids) -> set[int]:
         assert data.count(value) == 1
         start = data.index(value)
         out |= {p * PAGE for p in range(start // PAGE, (start + len(value) - 1) // PAGE + 1)}
+        out.add(leaf_pointer(data, img_id) // PAGE * PAGE)
     reader.close()  # the readers tested open the store afresh
     return out
+
+
+def runs(pages: set[int]) -> int:
+    """How many runs of consecutive pages `pages` make."""
+    return sum(1 for p in pages if p - PAGE not in pages)
 
 
 def pages_of(ranges) -> list[int]:
@@ -98,7 +106,7 @@ def test_a_batch_requests_exactly_its_values_before_decoding_any(store, calls, m
     assert kinds == ["request", "decode", "decode", "decode"], kinds
     # the three values' pages, each once, and nothing of the records between them
     assert sorted(pages_of(calls[0][1])) == sorted(expected)
-    assert len(calls[0][1]) == 3
+    assert len(calls[0][1]) == runs(expected)
     assert [img_id for kind, img_id in calls if kind == "decode"] == ids[:3]
     assert list(batch.img_ids) == ids
     for row, img_id in enumerate(ids):
@@ -116,7 +124,7 @@ def test_adjacent_values_are_one_request(store, calls):
     (kind, ranges), *_ = calls
     assert kind == "request"
     assert sorted(pages_of(ranges)) == sorted(expected)
-    assert len(ranges) == 1
+    assert len(ranges) == runs(expected) < len(ids)
 
 
 def test_one_record_is_requested_whole_before_it_is_read(store, calls):
@@ -210,7 +218,11 @@ def test_the_page_cache_probe(store):
     try:
         shard = SimpleNamespace(probe=True, _fd=fd, _scratch=bytearray())
         os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for _ in range(100):  # pages still in a CPU's batch of new pages escape one eviction
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if not storage.reader._Shard._in_memory(shard, spans):
+                break
+            time.sleep(0.01)
         assert not storage.reader._Shard._in_memory(shard, spans)
         os.pread(fd, os.path.getsize(store / "data.mdb"), 0)
         assert storage.reader._Shard._in_memory(shard, spans)
