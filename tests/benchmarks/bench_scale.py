@@ -1,7 +1,8 @@
 """Training input at the size users work at: a feature store larger than RAM read cold, against the disk.
 
-Writes a store of `--gb` (default 1.2 x RAM) of 36 x 2048 float16 records with `FeatureWriter` (a few
-random arrays rotated per record: writing is disk-bound), then in the same run:
+Writes a store of `--gb` (default 1.2 x RAM) of 36 x 2048 float16 records with `FeatureWriter` (eight
+random records encoded once, each written under many ids with one value per 4 KB changed), or measures
+one an earlier `--keep` run left (`--store`), then in the same run:
 
 - the disk's own random-read rate on that data.mdb: O_DIRECT reads of one record's pages (148 KB, page
   aligned, at random record offsets) by 1 and 4 threads, records/s (the page cache is bypassed);
