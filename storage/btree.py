@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -55,12 +57,35 @@ class BrokenPage:
 
 @dataclass
 class TreeWalk:
-    """What a walk found: the intact keys in order and the broken pages; with `locate`, where each key's
-    value lies in the file as (byte offset, length), beside `keys`."""
+    """What a walk found: the intact keys in order and the broken pages; for each key, where its value
+    lies in the file: `value_at[i]` bytes from the start, `value_size[i]` long (its overflow pages,
+    header included), or 0 and 0 for a value kept in its leaf; with `locate`, also where each value's bytes
+    themselves lie as (byte offset, length) in `where` (for `read_value`, which needs no lmdb and no map)."""
 
     keys: list[bytes] = field(default_factory=list)
     broken: list[BrokenPage] = field(default_factory=list)
+    value_at: array = field(default_factory=lambda: array("q"))
+    value_size: array = field(default_factory=lambda: array("q"))
     where: list[tuple[int, int]] = field(default_factory=list)
+    leaf_at: array = field(default_factory=lambda: array("q"))  # the offset of the leaf holding each key
+    page_size: int = 4096
+
+    def spans(self, key: bytes) -> tuple[tuple[int, int], ...]:
+        """The (offset, size) ranges of the file that reading `key` touches beyond the branch pages: its
+        leaf and its overflow pages; none when the walk did not see it."""
+        i = bisect_left(self.keys, key)
+        if i < len(self.keys) and self.keys[i] == key:
+            leaf = (self.leaf_at[i], self.page_size)
+            return (leaf, (self.value_at[i], self.value_size[i])) if self.value_size[i] else (leaf,)
+        return ()
+
+    def value_span(self, key: bytes) -> tuple[int, int]:
+        """(offset, size) of `key`'s overflow pages in the file as walked: (0, 0) when its value is kept in
+        its leaf, (-1, -1) when the walk did not see it."""
+        i = bisect_left(self.keys, key)
+        if i < len(self.keys) and self.keys[i] == key:
+            return self.value_at[i], self.value_size[i]
+        return -1, -1
 
 
 def walk_records(
@@ -72,7 +97,7 @@ def walk_records(
     with open(data, "rb") as f:
         pages = _Pages(f.fileno(), txnid, values)
         pages.locate = locate
-        walk = TreeWalk()
+        walk = TreeWalk(page_size=pages.psize)
         main = pages.main_root()
         root = pages.named_root(main, db_name, walk) if main != P_INVALID else None
         if root is not None and root != P_INVALID:
@@ -200,6 +225,7 @@ class _Pages:
                 reason = f"leaf page {pgno}: a value runs past the page"
                 walk.broken.append(BrokenPage(pgno, key, key, reason))
                 continue
+            at = span = 0
             if flags & F_BIGDATA:
                 (first,) = struct.unpack_from("<Q", raw, data)
                 pages = -(-(size + PAGE_HEADER.size) // self.psize)
@@ -215,9 +241,13 @@ class _Pages:
                     continue
                 if self.locate:
                     walk.where.append((first * self.psize + PAGE_HEADER.size, size))
+                at, span = first * self.psize, pages * self.psize
             elif self.locate:
                 walk.where.append((pgno * self.psize + data, size))
             walk.keys.append(key)
+            walk.value_at.append(at)
+            walk.value_size.append(span)
+            walk.leaf_at.append(pgno * self.psize)
 
 
 _KIND = {P_BRANCH: "branch", P_LEAF: "leaf", P_OVERFLOW: "value (overflow)"}

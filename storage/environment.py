@@ -3,10 +3,9 @@ shorter than its own map is refused before any page of it is touched (reading pa
 
 from __future__ import annotations
 
+import importlib
 import struct
 from pathlib import Path
-
-import lmdb
 
 from storage.btree import BrokenPage, TreeWalk, walk_records
 from storage.errors import StoreError
@@ -23,8 +22,29 @@ class StoreOpenError(StoreError, OSError):
     """The system refused to open a store (permissions, disk space, a path that is not a directory)."""
 
 
-# what lmdb raises on files that are not (or no longer) sound LMDB files
-_DAMAGE = (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.PageNotFoundError)
+class _Lmdb:
+    """The lmdb module, imported on first use: `import storage` works on a machine without lmdb, and
+    opening a store there is a one-line StoreOpenError."""
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            module = importlib.import_module("lmdb")
+        except ImportError as exc:
+            raise StoreOpenError(
+                f"opening a feature store needs the lmdb package, which cannot be imported ({exc}): "
+                "install it with `pip install lmdb`"
+            ) from exc
+        value = getattr(module, name)
+        setattr(self, name, value)  # later lookups skip this method
+        return value
+
+
+lmdb = _Lmdb()
+
+
+def _damage() -> tuple[type[Exception], ...]:
+    """What lmdb raises on files that are not (or no longer) sound LMDB files."""
+    return (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.PageNotFoundError)
 
 
 def damaged(path: Path, exc: BaseException, what: str = "", whole: bool = False) -> StoreDamagedError:
@@ -44,7 +64,7 @@ def damaged(path: Path, exc: BaseException, what: str = "", whole: bool = False)
 def lmdb_failure(path: Path, exc: lmdb.Error, what: str, whole: bool = False) -> StoreError:
     """The error for an lmdb failure on `path`: damage (see `damaged`) when lmdb found broken pages,
     otherwise what the system refused (reader slots, disk space, permissions) as a StoreOpenError."""
-    if isinstance(exc, _DAMAGE):
+    if isinstance(exc, _damage()):
         return damaged(path, exc, what, whole)
     return StoreOpenError(
         f"store {path}: {what} failed ({type(exc).__name__}: {_reason(exc, path)}); check free disk "
@@ -93,7 +113,7 @@ def open_environment(path: Path, **options) -> lmdb.Environment:
             raise StoreError(
                 f"{path} is open for writing in this process: close the FeatureWriter before reading"
             ) from exc
-        if isinstance(exc, _DAMAGE):
+        if isinstance(exc, _damage()):
             raise StoreDamagedError(
                 f"store {path} cannot be opened ({_reason(exc, path)}): its {DATA_FILE} is damaged or not "
                 "an LMDB file; delete the directory and re-extract or re-import it"

@@ -397,51 +397,56 @@ def export_hdf5(src: FeatureReader, dst: str | os.PathLike, dtype: str = "float3
     tmp = dst.with_name(dst.name + ".partial")
     ids = list(src.keys())
     n, m, d = len(ids), src.max_boxes, src.feature_dim
-    with h5py.File(tmp, "w") as f:
-        f.attrs["format"] = H5_FORMAT
-        f.attrs["format_version"] = H5_FORMAT_VERSION
-        f.attrs["meta"] = json.dumps(src.meta, sort_keys=True)
-        f.create_dataset("img_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
-        out = {
-            "img_h": f.create_dataset("img_h", (n,), "i4"),
-            "img_w": f.create_dataset("img_w", (n,), "i4"),
-            "num_boxes": f.create_dataset("num_boxes", (n,), "i4"),
-            "image_bb": f.create_dataset("image_bb", (n, m, 4), "f4"),
-            "spatial_features": f.create_dataset("spatial_features", (n, m, 6), "f4"),
-            "image_features": f.create_dataset(
-                "image_features", (n, m, d), dtype, chunks=(1, m, d) if n else None
-            ),
-            "objects_id": f.create_dataset("objects_id", (n, m), "i8"),
-            "objects_conf": f.create_dataset("objects_conf", (n, m), "f4"),
-            "attrs_id": f.create_dataset("attrs_id", (n, m), "i8"),
-            "attrs_conf": f.create_dataset("attrs_conf", (n, m), "f4"),
-        }
-        for row, img_id in enumerate(ids):
-            rec = src[img_id]
-            k = rec.num_boxes
-            out["img_h"][row], out["img_w"][row], out["num_boxes"][row] = rec.img_h, rec.img_w, k
-            if rec.class_probs is not None:
-                if "class_probs" not in out:
-                    # created at the first record that has them: (n, M, C) float16 and a per-row flag
-                    c = rec.class_probs.shape[1]
-                    out["class_probs"] = f.create_dataset(
-                        "class_probs", (n, m, c), CLASS_PROBS_DTYPE, chunks=(1, m, c)
-                    )
-                    out["has_class_probs"] = f.create_dataset("has_class_probs", (n,), "u1")
-                if rec.class_probs.shape[1] != out["class_probs"].shape[2]:
-                    raise ValueError(
-                        f"record {img_id!r}: class_probs over {rec.class_probs.shape[1]} classes but earlier "
-                        f"records have {out['class_probs'].shape[2]}: one HDF5 file holds one class count"
-                    )
-                out["has_class_probs"][row] = 1
-                out["class_probs"][row, :k] = rec.class_probs
-            if not k:
-                continue
-            out["image_bb"][row, :k] = rec.boxes
-            out["spatial_features"][row, :k] = _spatial(rec)
-            out["image_features"][row, :k] = rec.features
-            for name in _LABEL_FIELDS:
-                out[name][row, :k] = getattr(rec, name)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = H5_FORMAT
+            f.attrs["format_version"] = H5_FORMAT_VERSION
+            f.attrs["meta"] = json.dumps(src.meta, sort_keys=True)
+            f.create_dataset("img_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+            out = {
+                "img_h": f.create_dataset("img_h", (n,), "i4"),
+                "img_w": f.create_dataset("img_w", (n,), "i4"),
+                "num_boxes": f.create_dataset("num_boxes", (n,), "i4"),
+                "image_bb": f.create_dataset("image_bb", (n, m, 4), "f4"),
+                "spatial_features": f.create_dataset("spatial_features", (n, m, 6), "f4"),
+                "image_features": f.create_dataset(
+                    "image_features", (n, m, d), dtype, chunks=(1, m, d) if n else None
+                ),
+                "objects_id": f.create_dataset("objects_id", (n, m), "i8"),
+                "objects_conf": f.create_dataset("objects_conf", (n, m), "f4"),
+                "attrs_id": f.create_dataset("attrs_id", (n, m), "i8"),
+                "attrs_conf": f.create_dataset("attrs_conf", (n, m), "f4"),
+            }
+            for row, img_id in enumerate(ids):
+                rec = src[img_id]
+                k = rec.num_boxes
+                out["img_h"][row], out["img_w"][row], out["num_boxes"][row] = rec.img_h, rec.img_w, k
+                if rec.class_probs is not None:
+                    if "class_probs" not in out:
+                        # created at the first record that has them: (n, M, C) float16 and a per-row flag
+                        c = rec.class_probs.shape[1]
+                        out["class_probs"] = f.create_dataset(
+                            "class_probs", (n, m, c), CLASS_PROBS_DTYPE, chunks=(1, m, c)
+                        )
+                        out["has_class_probs"] = f.create_dataset("has_class_probs", (n,), "u1")
+                    if rec.class_probs.shape[1] != out["class_probs"].shape[2]:
+                        raise ValueError(
+                            f"record {img_id!r}: class_probs over {rec.class_probs.shape[1]} classes but "
+                            f"earlier records have {out['class_probs'].shape[2]}: one HDF5 file holds one "
+                            "class count"
+                        )
+                    out["has_class_probs"][row] = 1
+                    out["class_probs"][row, :k] = rec.class_probs
+                if not k:
+                    continue
+                out["image_bb"][row, :k] = rec.boxes
+                out["spatial_features"][row, :k] = _spatial(rec)
+                out["image_features"][row, :k] = rec.features
+                for name in _LABEL_FIELDS:
+                    out[name][row, :k] = getattr(rec, name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a damaged record, an interrupt: no half-written file is left
+        raise
     id_map = Path(f"{dst.with_suffix('')}_imgid2idx.json")
     id_map_tmp = id_map.with_name(id_map.name + ".partial")
     id_map_tmp.write_text(

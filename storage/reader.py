@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import lmdb
 import numpy as np
+
+try:
+    import resource
+except ImportError:  # not on Windows: reads are then always requested
+    resource = None
 
 from storage import codec
 from storage.batch import Allocator, RegionBatch, fill_batch
@@ -18,6 +22,7 @@ from storage.contents import contents_lie
 from storage.environment import (
     StoreDamagedError,
     broken_tree,
+    lmdb,
     lmdb_failure,
     open_environment,
     walk_store,
@@ -31,6 +36,34 @@ from storage.validate import BadRecordError, RecordLimits, bad_record, problem
 log = logging.getLogger(__name__)
 
 _KEYS_PER_TXN = 4096
+
+
+_WATCH_EVERY = 16
+
+
+def major_faults() -> int:
+    """Page faults this thread has waited on the disk for (0 where the system does not count them)."""
+    if resource is None:
+        return 0
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_majflt
+
+
+def request_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> None:
+    """posix_fadvise(WILLNEED) each (offset, size) range of file `fd`: the kernel starts reading all of
+    them into the page cache without waiting for any, so the disk gets them queued together. A hint only:
+    where the system has no such call, reads fault the pages in as before."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for start, size in ranges:
+        os.posix_fadvise(fd, start, size, os.POSIX_FADV_WILLNEED)
+
+
+def wrong_record(path: Path, asked: str, found: str) -> StoreDamagedError:
+    """The error for a value stored under `asked` that holds the record of `found` (a broken pointer)."""
+    return StoreDamagedError(
+        f"store {path} is damaged: the value stored under {asked!r} is the record of {found!r}; run "
+        f"`xmodal features verify {path}` to see what is lost, then re-extract or re-import it"
+    )
 
 
 class _Shard:
@@ -59,6 +92,13 @@ class _Shard:
             self.env.close()
             raise lmdb_failure(path, exc, "opening its databases", whole=True) from exc
         self.lock = lock
+        self._fd: int | None = None  # data.mdb, for read hints (`request`)
+        # whether reads are requested ahead: until a read finds all its pages in memory, and again from
+        # the first read that waits for the disk (a warm store then pays no call per value)
+        self.ahead = True
+        self.probe = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
+        self._scratch = bytearray()
+        self._unwatched = 0  # warm single reads since one was watched (`get`)
         self.views = 0  # open `FeatureReader.view()` blocks, whose transactions pin this environment
         self._walk: TreeWalk | None = None
         self._walk_values = False
@@ -88,6 +128,65 @@ class _Shard:
 
             return contents_lie(self.path, self.meta, self._walk.keys, value_of)
 
+    def close(self) -> None:
+        self.env.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def request(self, keys: Iterable[bytes]) -> int:
+        """Ask the disk for the value pages of every one of `keys` at once, before any is read: lmdb's
+        reads (py-lmdb touches each page of a value as it looks it up) would otherwise fault a cold value
+        in one page, one disk read, at a time. Where the values lie comes from the walk of the tree made
+        at open (storage.btree), so nothing of the map is touched here; adjacent values merge into one
+        range, and nothing beside them is read. A value the walk did not see (written since, or on a
+        broken page) is not requested: its read checks and reports it as before.
+
+        A warm store pays no call per value: when every value asked for is already in memory, requests
+        stop until a read waits for the disk again (`settle`). Returns the thread's major fault count,
+        for `settle`."""
+        walk = self._walk
+        spans = sorted(span for key in keys for span in walk.spans(key)) if self.ahead and walk else ()
+        if not spans:
+            return major_faults()
+        if self._fd is None:
+            self._fd = os.open(self.path / "data.mdb", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if self._in_memory(spans):
+            self.ahead = False
+            return major_faults()
+        merged: list[list[int]] = []
+        for start, size in spans:
+            if merged and start <= merged[-1][0] + merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], start + size - merged[-1][0])
+            else:
+                merged.append([start, size])
+        request_ranges(self._fd, [(start, size) for start, size in merged])
+        return major_faults()
+
+    def _in_memory(self, spans: list[tuple[int, int]]) -> bool:
+        """Whether every span is in the page cache: read without waiting for the disk (RWF_NOWAIT stops
+        at the first byte that is not), so a cold store answers at its first value."""
+        if not self.probe:
+            return False
+        for start, size in spans:
+            if len(self._scratch) < size:
+                self._scratch = bytearray(size)
+            try:
+                if os.preadv(self._fd, [memoryview(self._scratch)[:size]], start, os.RWF_NOWAIT) < size:
+                    return False
+            except BlockingIOError:
+                return False
+            except OSError:  # a file system that cannot tell: request every read
+                self.probe = False
+                return False
+        return True
+
+    def settle(self, faults: int) -> None:
+        """After reading what `request` was given (which returned `faults`): a read that waited for the
+        disk turns requests back on."""
+        if major_faults() > faults:
+            self.ahead = True
+
     def tree(self, values: bool = False) -> TreeWalk:
         """The walk of the records tree (storage.btree), made once; `values` also checks value pages."""
         if self._walk is None or (values and not self._walk_values):
@@ -116,13 +215,25 @@ class _Shard:
             raise lmdb_failure(self.path, exc, "starting a read", whole=True) from exc
 
     def has(self, key: bytes) -> bool:
-        """Whether `key` is stored (its value is not copied out of the map)."""
+        """Whether `key` is stored. The walk made at open answers for the keys it saw without lmdb, whose
+        lookup (py-lmdb touches every page of the value found) would read the whole value from disk."""
+        if self._walk is not None and self._walk.value_span(key) != (-1, -1):
+            return True
         return self._lookup(key, lambda value: True) is not None
 
     def get(self, key: bytes, buffers: bool = False) -> bytes | bytearray | None:
         """The stored value of `key`, read in its own transaction, or None: bytes, or with `buffers` a
-        bytearray (which decodes into writable arrays)."""
-        return self._lookup(key, bytearray if buffers else bytes)
+        bytearray (which decodes into writable arrays). Its pages are requested together first."""
+        copy = bytearray if buffers else bytes
+        if not self.ahead:
+            # warm: one read in _WATCH_EVERY watches for disk waits, the rest pay nothing for it
+            self._unwatched = (self._unwatched + 1) % _WATCH_EVERY
+            if self._unwatched:
+                return self._lookup(key, copy)
+        faults = self.request([key])
+        value = self._lookup(key, copy)
+        self.settle(faults)
+        return value
 
     def _lookup(self, key: bytes, take: Callable[[memoryview], object]) -> object | None:
         """`take(value)` of `key`'s value, inside its read transaction, or None when it is absent."""
@@ -175,7 +286,7 @@ def _shard(path: Path, lock: bool, readahead: bool) -> _Shard:
     global _OPEN_PID
     if os.getpid() != _OPEN_PID:
         for inherited in _OPEN.values():
-            inherited.env.close()
+            inherited.close()
         _OPEN.clear()
         _OPEN_PID = os.getpid()
     key = path.resolve()
@@ -204,7 +315,7 @@ def release(path: str | os.PathLike) -> None:
         )
     if shard is not None:
         del _OPEN[key]
-        shard.env.close()
+        shard.close()
         _generation += 1
 
 
@@ -344,6 +455,8 @@ class FeatureReader:
             value = shard.get(key, buffers=True)
             if value is not None:
                 rec = codec.decode(value, key)
+                if rec.img_id != img_id:
+                    raise wrong_record(shard.path, img_id, rec.img_id)
                 if self.validate:
                     self._check(rec, index)
                 return rec
@@ -413,8 +526,10 @@ class FeatureReader:
         them). A missing id raises KeyError; records are checked as `reader[img_id]` checks them."""
         with self.view() as view:
             unique = {img_id: None for img_id in img_ids}
+            faults = view.request(unique)
             for img_id in unique:
                 unique[img_id] = view[img_id]
+            view.settle(faults)
             records = [unique[img_id] for img_id in img_ids]
             dtype = np.dtype(self.dtype).newbyteorder("<")
             return fill_batch(records, width, self.feature_dim, dtype, alloc)
@@ -521,7 +636,19 @@ class _View:
         self._pairs = list(zip(shards, txns, strict=True))
         self._check = check
 
-    def __getitem__(self, img_id: str) -> RegionFeatures:
+    def request(self, img_ids: Iterable[str]) -> list[int]:
+        """Ask the disk for all the values of `img_ids` at once (see `_Shard.request`), so that reading
+        them next waits for the disk about once rather than once per page; pass the result to `settle`
+        once they are read."""
+        keys = [img_id.encode("utf-8") for img_id in img_ids]
+        return [shard.request(keys) for shard, _ in self._pairs]
+
+    def settle(self, faults: list[int]) -> None:
+        for (shard, _), before in zip(self._pairs, faults, strict=True):
+            shard.settle(before)
+
+    def _lookup(self, img_id: str) -> tuple[int, memoryview] | None:
+        """(shard index, value in the map) of `img_id`, or None when no shard holds it."""
         key = img_id.encode("utf-8")
         for index, (shard, txn) in enumerate(self._pairs):
             if shard.broken:
@@ -531,10 +658,20 @@ class _View:
             except lmdb.Error as exc:
                 raise lmdb_failure(shard.path, exc, f"reading {img_id!r}") from exc
             if value is not None:
-                rec = codec.decode(value, key)
-                if self._check is not None:
-                    self._check(rec, index)
-                return rec
-        for shard, _ in self._pairs:
-            shard.hidden(key)
-        raise KeyError(img_id)
+                return index, value
+        return None
+
+    def __getitem__(self, img_id: str) -> RegionFeatures:
+        found = self._lookup(img_id)
+        if found is None:
+            key = img_id.encode("utf-8")
+            for shard, _ in self._pairs:
+                shard.hidden(key)
+            raise KeyError(img_id)
+        index, value = found
+        rec = codec.decode(value, img_id.encode("utf-8"))
+        if rec.img_id != img_id:
+            raise wrong_record(self._pairs[index][0].path, img_id, rec.img_id)
+        if self._check is not None:
+            self._check(rec, index)
+        return rec

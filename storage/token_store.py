@@ -10,11 +10,10 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import lmdb
 import numpy as np
 
 from storage.contents import contents_lie
-from storage.environment import StoreDamagedError, lmdb_failure, open_environment
+from storage.environment import StoreDamagedError, lmdb, lmdb_failure, open_environment
 from storage.errors import CorruptRecordError, StoreFormatError
 from storage.file_checks import parse_json
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, _user

@@ -172,26 +172,28 @@ def export_tsv(src: FeatureReader, dst: str | os.PathLike, skip_empty: bool = Fa
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".partial")
     count, skipped = 0, []
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for img_id in src:
-            if any(c in img_id for c in "\t\r\n") or img_id.startswith('"'):
-                tmp.unlink()
-                raise ValueError(
-                    f"record {img_id!r}: an id with tabs, newlines or a leading quote cannot go in a TSV"
-                )
-            rec = src[img_id]
-            if not rec.num_boxes:
-                if not skip_empty:
-                    tmp.unlink()
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            for img_id in src:
+                if any(c in img_id for c in "\t\r\n") or img_id.startswith('"'):
                     raise ValueError(
-                        f"record {img_id!r} has no boxes, which LXMERT's TSV loader cannot read "
-                        f"(nothing written to {dst}); rerun with --skip-empty to leave such records out"
+                        f"record {img_id!r}: an id with tabs, newlines or a leading quote cannot go in a TSV"
                     )
-                log.warning("record %r has no boxes: left out of %s", img_id, dst)
-                skipped.append(img_id)
-                continue
-            f.write(format_line(rec))
-            count += 1
+                rec = src[img_id]
+                if not rec.num_boxes:
+                    if not skip_empty:
+                        raise ValueError(
+                            f"record {img_id!r} has no boxes, which LXMERT's TSV loader cannot read "
+                            f"(nothing written to {dst}); rerun with --skip-empty to leave such records out"
+                        )
+                    log.warning("record %r has no boxes: left out of %s", img_id, dst)
+                    skipped.append(img_id)
+                    continue
+                f.write(format_line(rec))
+                count += 1
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a damaged record, an interrupt: no half-written file is left
+        raise
     os.replace(tmp, dst)
     if skipped:
         log.warning("%s: %d records without boxes left out (first: %r)", dst, len(skipped), skipped[0])

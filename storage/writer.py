@@ -6,10 +6,8 @@ import logging
 import os
 from pathlib import Path
 
-import lmdb
-
 from storage import codec, metadata
-from storage.environment import StoreOpenError, broken_tree, lmdb_failure, open_environment, walk_store
+from storage.environment import StoreOpenError, broken_tree, lmdb, lmdb_failure, open_environment, walk_store
 from storage.errors import StoreError
 from storage.metadata import META_DB, META_KEY, RECORDS_DB, decode_meta, encode_meta, new_meta
 from storage.reader import release

@@ -233,12 +233,15 @@ def _item_lines(text: str, key: str | None) -> list[int]:
     lines = []
     pos += 1
     n = len(text)
+    line, counted = 1, 0  # newlines counted up to `counted`: each stretch of text is counted once
     while pos < n:
         while pos < n and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= n or text[pos] == "]":
             break
-        lines.append(text.count("\n", 0, pos) + 1)
+        line += text.count("\n", counted, pos)
+        counted = pos
+        lines.append(line)
         _, pos = decoder.raw_decode(text, pos)
     return lines
 

@@ -537,3 +537,38 @@ def test_non_finite_loss_on_ray_train_workers_is_the_same_line(data, tmp_path):
     argv = [str(huge) if a == str(data / "f.lmdb") else a for a in _finetune(data, tmp_path / "run")]
     # not a row of the table: starting Ray and two train workers takes a minute or two on a busy machine
     _refused_subprocess([*argv, "--workers", "2"], "xmodal finetune: loss is nan at step 1", None)
+
+
+@pytest.fixture(scope="module")
+def swapped(data, tmp_path_factory):
+    """A copy of the store whose value under img3 is img4's record (a pointer gone wrong): lmdb, the
+    metadata and every checksum are sound; only the id inside the value tells."""
+    import shutil
+
+    from storage import FeatureReader
+
+    dst = tmp_path_factory.mktemp("swapped") / "f.lmdb"
+    shutil.copytree(data / "f.lmdb", dst)
+    size = len(FeatureReader(dst).get_encoded("img4"))
+    raw = bytearray((dst / "data.mdb").read_bytes())
+    # a small value sits in its leaf right after its key; the value starts with the record magic
+    at3, at4 = (raw.index(f"img{i}XMRF".encode()) + 4 for i in (3, 4))
+    raw[at3 : at3 + size] = raw[at4 : at4 + size]
+    (dst / "data.mdb").write_bytes(bytes(raw))
+    return dst
+
+
+@pytest.mark.parametrize("command", ["finetune", "pretrain", "evaluate", "export"])
+def test_a_value_holding_another_record_is_refused(command, data, swapped, request, tmp_path, capsys, caplog):
+    """Training, evaluation and export name the id asked for and the id found, and stop with exit 1,
+    instead of training on (or exporting) the wrong image's regions."""
+    model = request.getfixturevalue("checkpoint") if command == "evaluate" else None
+    argv = _store_commands(data, swapped, tmp_path, model)[command]
+    assert main(argv) == 1  # not timed: the refusal comes at the first read of img3, after set-up
+    captured = capsys.readouterr()
+    text = captured.err + "\n" + captured.out + "\n" + caplog.text
+    assert "Traceback" not in text
+    wrong = "the value stored under 'img3' is the record of 'img4'"
+    lines = [line for line in text.splitlines() if wrong in line]
+    assert lines and f"store {swapped} is damaged" in lines[0], text
+    assert not list(tmp_path.glob("out.tsv*"))

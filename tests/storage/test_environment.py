@@ -179,3 +179,27 @@ def test_a_value_whose_pages_run_past_the_file_is_named_not_sigbus(store, tmp_pa
     assert lines[0] == "36" and len(lines) == 5, proc.stdout
     for line in lines[1:]:
         assert "the value of 'img_000039' cannot be read" in line and "outside the file" in line, line
+
+
+def test_storage_imports_without_lmdb_and_opening_a_store_says_what_is_missing(tmp_path):
+    """lmdb is imported where a store is opened: a machine without it imports storage and extraction
+    (a GPU host running only the detector), and opening a store there is one line naming the package."""
+    path = tmp_path / "s"
+    with FeatureWriter(path, feature_dim=4):
+        pass
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["lmdb"] = None  # `import lmdb` raises ImportError, as where it is not installed
+        import storage, extraction
+        from storage import FeatureReader, StoreError
+        assert "lmdb" not in [name for name, module in sys.modules.items() if module is not None]
+        try:
+            FeatureReader({str(path)!r})["x"]
+        except StoreError as exc:
+            print(exc)
+        """
+    )
+    proc = run("-c", code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "needs the lmdb package" in proc.stdout and "pip install lmdb" in proc.stdout
