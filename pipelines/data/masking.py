@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 
+from pipelines.data.corpus import PretrainCorpus, corpus_texts
 from pipelines.data.pretrain import PretrainBatch, PretrainExample
 from pipelines.data.regions import IMAGE_SIZE, image_sizes, normalized_batch_boxes
 from pipelines.data.text import EncodedTexts
@@ -214,32 +215,37 @@ class PretrainCollator:
     def __init__(
         self,
         tokenizer,
-        examples: list[PretrainExample],
+        examples: PretrainCorpus | list[PretrainExample],
         max_boxes: int,
         cfg: MaskingConfig,
         texts: EncodedTexts | None = None,
-        held: Sequence[PretrainExample] = (),
+        held: PretrainCorpus | Sequence[PretrainExample] = (),
     ):
         self.cfg = cfg
         self.max_boxes = max_boxes
-        self.texts = (
-            texts
-            if texts is not None
-            else EncodedTexts(tokenizer, [e.sentence for e in examples], cfg.max_seq_len)
-        )
-        if len(self.texts) != len(examples):
-            raise ValueError(f"{len(self.texts)} tokenised sentences for {len(examples)} examples")
-        codes: dict[str, int] = {}
-        self.image_codes = codes  # img_id -> small int, to compare images without strings
-        self.pool_images = np.array(
-            [codes.setdefault(e.img_id, len(codes)) for e in examples], dtype=np.int64
-        )
+        pool = examples if isinstance(examples, PretrainCorpus) else PretrainCorpus.from_examples(examples)
+        if texts is None:
+            texts = (
+                corpus_texts(pool, tokenizer, cfg.max_seq_len, None)
+                if isinstance(examples, PretrainCorpus)
+                else EncodedTexts(tokenizer, [e.sentence for e in examples], cfg.max_seq_len)
+            )
+        self.texts = texts
+        if len(self.texts) != len(pool):
+            raise ValueError(f"{len(self.texts)} tokenised sentences for {len(pool)} examples")
+        # img_id -> small int, to compare images without strings: the pool's image table, then the held
+        # set's other images
+        codes = {name: i for i, name in enumerate(pool.images)}
+        self.image_codes = codes
+        self.pool_images = pool.column("image")
         # each sentence's hash, and the (image, sentence) pairs the sets hold (`held`: e.g. the validation
         # examples, never drawn): a sentence of another image that this image holds too ("how many shapes
         # are there?", a repeated caption) is no mismatch
-        self.pool_sentences = np.array([hash(e.sentence) for e in examples], dtype=np.int64)
-        held_images = np.array([codes.setdefault(e.img_id, len(codes)) for e in held], dtype=np.int64)
-        held_sentences = np.array([hash(e.sentence) for e in held], dtype=np.int64)
+        self.pool_sentences = pool.column("sentence_hash")
+        held = held if isinstance(held, PretrainCorpus) else PretrainCorpus.from_examples(list(held))
+        held_codes = np.array([codes.setdefault(name, len(codes)) for name in held.images], dtype=np.int64)
+        held_images = held_codes[held.column("image")] if len(held) else np.zeros(0, np.int64)
+        held_sentences = held.column("sentence_hash")
         self.held_pairs = np.unique(
             np.concatenate(
                 [_pair_keys(self.pool_images, self.pool_sentences), _pair_keys(held_images, held_sentences)]
