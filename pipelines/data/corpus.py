@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -569,6 +570,7 @@ def corpus_texts(
             return EncodedTexts.of(ids, offsets, corpus.rows)
         log.warning("token cache %s is %s: tokenising again", final, problem)
         shutil.rmtree(final, ignore_errors=True)
+    encode = _encoder(tokenizer, max_length)
     parent = Path(cache_dir) if final is not None else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
@@ -579,10 +581,10 @@ def corpus_texts(
             off_fh.write(np.zeros(1, np.int64).tobytes())
             for start in range(0, pairs, chunk):
                 stop = min(start + chunk, pairs)
-                encoded = tokenizer(corpus.sentences(start, stop), truncation=True, max_length=max_length)
-                pieces = [np.asarray(ids, dtype=np.int32) for ids in encoded["input_ids"]]
+                pieces = encode(corpus.sentences(start, stop))
                 lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-                ids_fh.write(np.concatenate(pieces).tobytes() if pieces else b"")
+                flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, int(lengths.sum()))
+                ids_fh.write(flat.tobytes())
                 off_fh.write((total + np.cumsum(lengths)).tobytes())
                 total += int(lengths.sum())
         (tmp / "meta.json").write_text(json.dumps({"ids": total}))
@@ -599,3 +601,27 @@ def corpus_texts(
         shutil.rmtree(tmp, ignore_errors=True)
     ids = map_column(final / "ids.bin", np.int32, total)
     return EncodedTexts.of(ids, map_column(final / "offsets.bin", np.int64, pairs + 1), corpus.rows)
+
+
+def _encoder(tokenizer, max_length: int):
+    """sentences -> `[CLS] ... [SEP]` id lists truncated to `max_length`, as `tokenizer(sents,
+    truncation=True, max_length=max_length)` gives them: straight from a fast tokenizer's Rust backend
+    (a copy, set to truncate) where there is one, skipping the per-sentence conversion transformers
+    does, which costs as much as the tokenising itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "truncation_side", "right") != "right":
+
+        def slow(sents: list[str]) -> list[list[int]]:
+            return tokenizer(sents, truncation=True, max_length=max_length)["input_ids"]
+
+        return slow
+    from tokenizers import Tokenizer
+
+    fast = Tokenizer.from_str(backend.to_str())
+    fast.no_padding()
+    fast.enable_truncation(max_length)
+
+    def encode(sents: list[str]) -> list[list[int]]:
+        return [e.ids for e in fast.encode_batch_fast(sents, add_special_tokens=True)]
+
+    return encode

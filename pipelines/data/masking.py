@@ -30,6 +30,15 @@ def _pair_keys(images: np.ndarray, sentence_hashes: np.ndarray) -> np.ndarray:
         return sentence_hashes * np.int64(0x9E3779B97F4A7C15 - (1 << 64)) + images
 
 
+def _held(keys: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Whether each of `keys` is in the sorted unique `held` (a binary search each: `np.isin` would sort
+    all of `held`, millions of pairs, for every batch)."""
+    if not len(held):
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(held, keys), len(held) - 1)
+    return held[at] == keys
+
+
 def mask_tokens(
     ids: np.ndarray,
     maskable: np.ndarray,
@@ -352,7 +361,7 @@ class PretrainCollator:
         swap = rng.random(b) < cfg.mismatch_prob
         draws = rng.integers(len(self.pool_images), size=(b, MISMATCH_TRIES))
         other = self.pool_images[draws] != own_images[:, None]
-        other &= ~np.isin(_pair_keys(own_images[:, None], self.pool_sentences[draws]), self.held_pairs)
+        other &= ~_held(_pair_keys(own_images[:, None], self.pool_sentences[draws]), self.held_pairs)
         found = other.any(axis=1)
         pick = draws[np.arange(b), np.argmax(other, axis=1)]
         swap &= found
