@@ -425,6 +425,9 @@ class PretrainCorpus(Sequence):
     def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every answer entry of the selected pairs: (pair index within the selection, answer id, score)."""
         offsets = self.columns["answer_offsets"]
+        if self.rows is None:  # every entry, in order: the mapped columns themselves
+            pairs = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(offsets))
+            return pairs, self.columns["answer_ids"], self.columns["answer_scores"]
         at = self.base(np.arange(len(self)))
         lo, hi = offsets[at], offsets[at + 1]
         counts = hi - lo
