@@ -114,6 +114,8 @@ class _Writer:
 
     def add(self, img_id: str, source: str, sents: list[str], labels: list[dict] | None) -> None:
         """One row's sentences of one source (`labels` aligned with them, or None: not questions)."""
+        if not sents:  # an image without sentences is not one the corpus uses
+            return
         image = self.images.setdefault(img_id, len(self.images))
         code = self.sources.setdefault(source, len(self.sources))
         n = len(sents)

@@ -206,6 +206,23 @@ def test_a_mapped_corpus_pickles_as_its_files(data, tmp_path):
     assert len(blob) < data_bytes, "the columns travel as file names"
     back = pickle.loads(blob)
     assert list(back) == list(kept) == list(corpus)[::2]
+    # a selection's answers are those of its pairs, looked up one by one
+    table = AnswerTable.build(e.label for e in corpus if e.label)
+    labels, scores = back.answer_labels(table).gather(np.arange(len(back)))
+    for example, row, score in zip(back, labels, scores, strict=True):
+        want = table.labels(example.label) if example.label else {}
+        assert dict(
+            zip(row[row != -100].tolist(), score[row != -100].tolist(), strict=True)
+        ) == pytest.approx(want)
+        assert list(row[row != -100]) == list(want), "in the order the label names them"
+
+
+def test_images_without_sentences_are_not_in_the_table(tmp_path):
+    path = tmp_path / "rows.json"
+    rows = [{"img_id": "empty", "sentf": {"x": []}}, {"img_id": "full", "sentf": {"x": ["a"], "y": []}}]
+    path.write_text(json.dumps(rows))
+    corpus = load_corpus([path], None)
+    assert corpus.images == ["full"] and len(corpus) == 1
 
 
 @pytest.mark.parametrize(
