@@ -97,8 +97,9 @@ class PretrainConfig:
     # the release runs QA from the start (0); the paper adds it at epoch 10 of 20
     qa_from_epoch: int = 0
     qa_weight: float = 1.0
-    # where tokenised sentences are kept between runs (keyed by vocab and sentences); None = not kept,
-    # except that `pretrain()` keeps them in the run directory's cache/
+    # where the JSON files converted into memory-mapped columns (keyed by the files' paths, sizes and
+    # mtimes) and their token ids (and the vocab) are kept between runs; None = converted into memory
+    # each time, except that `pretrain()` keeps them in the run directory's cache/
     token_cache: str | None = None
 
     def __post_init__(self) -> None:
