@@ -557,7 +557,7 @@ def corpus_texts(
     `cache_dir` when it holds them for this corpus, vocabulary and length limit, else tokenised a chunk
     at a time and written there (a temporary file, then renamed)."""
     from pipelines.data.text import EncodedTexts
-    from pipelines.data.token_cache import _content_problem, cache_key
+    from pipelines.data.token_cache import cache_key
 
     pairs = len(corpus.columns["image"])
     vocab_size = len(tokenizer.get_vocab())
@@ -566,13 +566,13 @@ def corpus_texts(
     if final is not None and final.is_dir():
         try:
             meta = json.loads((final / "meta.json").read_text())
-            ids = map_column(final / "ids.bin", np.int32, int(meta["ids"]))
-            offsets = map_column(final / "offsets.bin", np.int64, pairs + 1)
-            problem = _content_problem(ids, offsets, pairs, max_length, vocab_size)
+            total = int(meta["ids"])
+            problem = _tokens_problem(final, total, pairs, max_length, vocab_size)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             problem = f"unreadable ({exc})"
         if problem is None:
-            return EncodedTexts.of(ids, offsets, corpus.rows)
+            ids = map_column(final / "ids.bin", np.int32, total)
+            return EncodedTexts.of(ids, map_column(final / "offsets.bin", np.int64, pairs + 1), corpus.rows)
         log.warning("token cache %s is %s: tokenising again", final, problem)
         shutil.rmtree(final, ignore_errors=True)
     encode = _encoder(tokenizer, max_length)
@@ -584,9 +584,8 @@ def corpus_texts(
         total = 0
         with open(tmp / "ids.bin", "wb") as ids_fh, open(tmp / "offsets.bin", "wb") as off_fh:
             off_fh.write(np.zeros(1, np.int64).tobytes())
-            for start in range(0, pairs, chunk):
-                stop = min(start + chunk, pairs)
-                pieces = encode(corpus.sentences(start, stop))
+            for sents in _sentence_chunks(corpus, chunk):
+                pieces = encode(sents)
                 lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
                 flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, int(lengths.sum()))
                 ids_fh.write(flat.tobytes())
@@ -630,3 +629,51 @@ def _encoder(tokenizer, max_length: int):
         return [e.ids for e in fast.encode_batch_fast(sents, add_special_tokens=True)]
 
     return encode
+
+
+# read in steps of this many items through the file, not the map: a whole pass over a mapped column
+# would leave all its pages counted in this process's RSS
+STEP = 1 << 22
+
+
+def _sentence_chunks(corpus: PretrainCorpus, chunk: int) -> Iterator[list[str]]:
+    """Every pair's sentence (all pairs of the columns, in order), `chunk` at a time."""
+    pairs = len(corpus.columns["image"])
+    text = corpus.columns["text"]
+    if not isinstance(text, Mapped):
+        for start in range(0, pairs, chunk):
+            yield corpus.sentences(start, min(start + chunk, pairs))
+        return
+    offsets_path = Path(corpus.columns["text_offsets"].filename)
+    with open(text.filename, "rb") as fh:
+        for start in range(0, pairs, chunk):
+            stop = min(start + chunk, pairs)
+            cuts = np.fromfile(offsets_path, np.int64, stop - start + 1, offset=start * 8)
+            fh.seek(int(cuts[0]))
+            data = fh.read(int(cuts[-1] - cuts[0]))
+            cuts = (cuts - cuts[0]).tolist()
+            yield [data[a:b].decode("utf-8") for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def _tokens_problem(folder: Path, total: int, pairs: int, max_length: int, vocab_size: int) -> str | None:
+    """Why `folder`'s ids.bin / offsets.bin cannot be `pairs` sentences' token ids, or None (read in
+    steps, not mapped)."""
+    ids_path, offsets_path = folder / "ids.bin", folder / "offsets.bin"
+    if os.stat(ids_path).st_size != 4 * total or os.stat(offsets_path).st_size != 8 * (pairs + 1):
+        return f"not {total} ids in {pairs} sentences"
+    previous = None
+    for start in range(0, pairs + 1, STEP):
+        offsets = np.fromfile(offsets_path, np.int64, min(STEP, pairs + 1 - start), offset=8 * start)
+        if previous is None and offsets[0] != 0:
+            return "holding offsets that do not start at 0"
+        lengths = np.diff(offsets, prepend=offsets[0] if previous is None else previous)
+        if (lengths < 0).any() or (lengths > max_length).any():
+            return f"holding offsets that do not index its ids in sentences of at most {max_length}"
+        previous = offsets[-1]
+    if previous != total:
+        return f"holding offsets that end at {previous}, not at its {total} ids"
+    for start in range(0, total, STEP):
+        ids = np.fromfile(ids_path, np.int32, min(STEP, total - start), offset=4 * start)
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            return f"holding ids outside the vocabulary's 0..{vocab_size - 1}"
+    return None

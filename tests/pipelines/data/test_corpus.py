@@ -17,7 +17,7 @@ from pipelines.data.answers import AnswerTable
 from pipelines.data.corpus import PretrainCorpus, load_corpus
 from pipelines.data.masking import PretrainCollator
 from pipelines.data.pretrain import PretrainDataset, PretrainExample, read_pretrain_json
-from pipelines.data.text import EncodedTexts, build_vocab
+from pipelines.data.text import EncodedTexts, build_vocab, load_tokenizer
 from pipelines.engine.trainer import BatchDataset
 from pipelines.tasks.pretrain import PretrainConfig, PretrainTask
 from storage import FeatureReader, FeatureWriter, RegionFeatures
@@ -260,3 +260,26 @@ def test_examples_in_memory_are_a_corpus_too():
     examples = [PretrainExample("i1", "a b", "x", {"yes": 1.0}), PretrainExample("i2", "c", "y")]
     corpus = PretrainCorpus.from_examples(examples)
     assert list(corpus) == examples and corpus.image_ids([1, 0]) == ["i2", "i1"]
+
+
+def test_damaged_token_ids_are_tokenised_again(data, tmp_path, caplog):
+    from pipelines.data.corpus import corpus_texts
+
+    _, _, train_files, _, vocab = data
+    cache = tmp_path / "cache"
+    corpus = load_corpus(train_files, cache)
+    tokenizer = load_tokenizer(vocab)
+    want = EncodedTexts(tokenizer, [e.sentence for e in corpus], 12)
+    every = np.arange(len(corpus))
+    assert (corpus_texts(corpus, tokenizer, 12, cache).padded(every, 0) == want.padded(every, 0)).all()
+    (folder,) = cache.glob("corpus-tokens-*")
+    ids = np.fromfile(folder / "ids.bin", np.int32)
+    ids[5] = len(tokenizer) + 3  # an id past the vocabulary
+    ids.tofile(folder / "ids.bin")
+    assert (corpus_texts(corpus, tokenizer, 12, cache).padded(every, 0) == want.padded(every, 0)).all()
+    assert "outside the vocabulary" in caplog.text
+    offsets = np.fromfile(folder / "offsets.bin", np.int64)
+    offsets[3] = offsets[4] + 1  # a sentence of negative length
+    offsets.tofile(folder / "offsets.bin")
+    assert (corpus_texts(corpus, tokenizer, 12, cache).padded(every, 0) == want.padded(every, 0)).all()
+    assert "do not index its ids" in caplog.text
