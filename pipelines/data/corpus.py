@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -536,7 +537,7 @@ def load_corpus(paths: Sequence[str | Path], cache_dir: str | Path | None) -> Pr
         log.warning("corpus cache %s is %s: converting again", final, problem)
         shutil.rmtree(final, ignore_errors=True)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=cache_dir))
+    tmp = _new_folder(final)
     try:
         convert(paths, tmp, key)
         try:
@@ -579,7 +580,7 @@ def corpus_texts(
     parent = Path(cache_dir) if final is not None else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".corpus-tokens-", dir=parent))
+    tmp = _new_folder(final) if final is not None else Path(tempfile.mkdtemp(prefix="xmodal-tokens-"))
     try:
         total = 0
         with open(tmp / "ids.bin", "wb") as ids_fh, open(tmp / "offsets.bin", "wb") as off_fh:
@@ -677,3 +678,11 @@ def _tokens_problem(folder: Path, total: int, pairs: int, max_length: int, vocab
         if ids.min() < 0 or ids.max() >= vocab_size:
             return f"holding ids outside the vocabulary's 0..{vocab_size - 1}"
     return None
+
+
+def _new_folder(final: Path) -> Path:
+    """A fresh hidden folder beside `final`, to be renamed to it, with the permissions the umask gives
+    (`mkdtemp`'s would keep other users of a shared cache out)."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp.mkdir()
+    return tmp

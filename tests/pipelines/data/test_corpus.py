@@ -5,7 +5,9 @@ written, and one-line errors for broken files."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +173,9 @@ def test_second_run_maps_the_cache_and_changed_files_convert_again(data, tmp_pat
     first = list(load_corpus(train_files, cache))
     made = sorted(p.name for p in cache.iterdir())
     assert len(made) == 1 and made[0].startswith("corpus-"), "one folder, no temporary left behind"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((cache / made[0]).stat().st_mode) == 0o777 & ~umask, "readable as the umask says"
 
     def no_conversion(*args):
         raise AssertionError("converted again")
