@@ -12,9 +12,11 @@ instead of once per image. Each measurement runs in a fresh process (a cold star
 process; the page cache stays warm).
 
 Memory: `driver_rss_gb` is the training process's peak RSS over the cached run (ru_maxrss, an upper
-bound: it counts the corpus's mapped pages it touched, which are page cache); `first_run_rss_gb` the peak
-of the run that converts. A worker's RSS counts every shared page it touches (the corpus's mapped pages,
-the training process's inherited pages), so its growth is measured from /proc/PID/smaps_rollup as
+bound: it counts every file page it maps and touched, torch's libraries and the corpus's columns, which
+are page cache shared with the workers); `driver_anon_gb` its anonymous memory (heap, arrays) and
+`driver_pss_gb` its proportional share at the end; `first_run_rss_gb` the peak of the run that
+converts. A worker's RSS counts every shared page it touches (the corpus's mapped pages, the training
+process's inherited pages), so its growth is measured from /proc/PID/smaps_rollup as
 Private_Dirty: what the worker alone holds and cannot give back (its heap, and pages of the training
 process it copied on write by touching Python objects), from the first batch to the last.
 `worker_uss_growth_gb` (psutil's USS) adds the clean corpus pages only that worker has read so far: page
@@ -114,13 +116,17 @@ def write_store(path: Path, records: int) -> None:
             )
 
 
-def _private_dirty(pid: int) -> int:
-    """Bytes of Private_Dirty in /proc/PID/smaps_rollup."""
+def _rollup(pid: int | str, field: str) -> int:
+    """Bytes of `field` (Private_Dirty, Anonymous, Pss, ...) in /proc/PID/smaps_rollup."""
     with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
         for line in fh:
-            if line.startswith("Private_Dirty:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def _private_dirty(pid: int) -> int:
+    return _rollup(pid, "Private_Dirty")
 
 
 def _worker_memory(pids: list[int]) -> dict[int, tuple[int, int]]:
@@ -209,6 +215,8 @@ def _child(args: dict) -> dict:
         "sps": (done - 1) * batch / elapsed if done > 1 else 0.0,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "rss_gb": psutil.Process().memory_info().rss / 2**30,
+        "anon_gb": _rollup("self", "Anonymous") / 2**30,
+        "pss_gb": _rollup("self", "Pss") / 2**30,
         "worker_growth_gb": max((g[0] for g in growth), default=0.0) / 2**30,
         "worker_uss_growth_gb": max((g[1] for g in growth), default=0.0) / 2**30,
     }
@@ -272,6 +280,8 @@ def measure_corpus(
             "first_batch_cached_s": cached["first_batch_s"],
             "first_run_rss_gb": first["peak_rss_gb"],
             "driver_rss_gb": cached["peak_rss_gb"],
+            "driver_anon_gb": cached["anon_gb"],
+            "driver_pss_gb": cached["pss_gb"],
             "worker_growth_gb": cached["worker_growth_gb"],
             "worker_uss_growth_gb": cached["worker_uss_growth_gb"],
             "batches": batches,
@@ -309,6 +319,7 @@ def main() -> int:
         ("time to first batch, cached", f"{r['first_batch_cached_s']:.1f} s"),
         ("training process peak RSS, converting", f"{r['first_run_rss_gb']:.2f} GB"),
         ("training process peak RSS, cached", f"{r['driver_rss_gb']:.2f} GB"),
+        ("  at the end: anonymous / PSS", f"{r['driver_anon_gb']:.2f} / {r['driver_pss_gb']:.2f} GB"),
         (
             f"worker growth over {r['batches']:,} batches (private dirty)",
             f"{r['worker_growth_gb'] * 1024:.0f} MB",
