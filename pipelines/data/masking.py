@@ -255,11 +255,18 @@ class PretrainCollator:
         held_codes = np.array([codes.setdefault(name, len(codes)) for name in held.images], dtype=np.int64)
         held_images = held_codes[held.column("image")] if len(held) else np.zeros(0, np.int64)
         held_sentences = held.column("sentence_hash")
-        self.held_pairs = np.unique(
+        keys, first = np.unique(
             np.concatenate(
                 [_pair_keys(self.pool_images, self.pool_sentences), _pair_keys(held_images, held_sentences)]
-            )
+            ),
+            return_index=True,
         )
+        # only sentences two or more images hold can make a drawn one its own image's too: a sentence held
+        # by one image is held by the image it was drawn from, never the row's (the draw needs another);
+        # the pairs kept are few, and each batch's lookups among them stay in cache
+        hashes = np.concatenate([self.pool_sentences, held_sentences])[first]
+        sentence, images = np.unique(hashes, return_counts=True)
+        self.held_pairs = keys[np.isin(hashes, sentence[images > 1])]
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
         self.mask_id = tokenizer.mask_token_id
