@@ -420,7 +420,8 @@ class PretrainCorpus(Sequence):
         pairs, ids, _ = self._entries()
         if not ids.size:
             return Counter()
-        keys = np.unique(pairs * max(len(norm_names), 1) + norm_of[ids])
+        keys = np.sort(pairs * max(len(norm_names), 1) + norm_of[ids])  # np.unique hashes: 20x slower
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
         counts = np.bincount(keys % max(len(norm_names), 1), minlength=len(norm_names))
         names = list(norm_names)
         return Counter({names[k]: int(n) for k, n in enumerate(counts.tolist()) if n})
