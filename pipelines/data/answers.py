@@ -69,7 +69,15 @@ class AnswerTable:
         counts: Counter[str] = Counter()
         for label in labels:
             counts.update({normalize_answer(a) for a in label})
-        counts.pop("", None)
+        return cls.from_counts(counts, min_count, max_size)
+
+    @classmethod
+    def from_counts(
+        cls, counts: Mapping[str, int], min_count: int = 1, max_size: int | None = None
+    ) -> AnswerTable:
+        """Answers counted (normalised answer -> label dicts naming it) in at least `min_count` dicts, most
+        frequent first (ties alphabetical)."""
+        counts = {a: n for a, n in counts.items() if a}
         kept = sorted((a for a, n in counts.items() if n >= min_count), key=lambda a: (-counts[a], a))
         return cls(kept[:max_size] if max_size is not None else kept)
 

@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 
+from pipelines.data.corpus import PretrainCorpus, corpus_texts
 from pipelines.data.pretrain import PretrainBatch, PretrainExample
 from pipelines.data.regions import IMAGE_SIZE, image_sizes, normalized_batch_boxes
 from pipelines.data.text import EncodedTexts
@@ -27,6 +28,15 @@ def _pair_keys(images: np.ndarray, sentence_hashes: np.ndarray) -> np.ndarray:
     """One int64 per (image code, sentence hash) pair (wrapping arithmetic; a clash is ~2^-64 likely)."""
     with np.errstate(over="ignore"):
         return sentence_hashes * np.int64(0x9E3779B97F4A7C15 - (1 << 64)) + images
+
+
+def _held(keys: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Whether each of `keys` is in the sorted unique `held` (a binary search each: `np.isin` would sort
+    all of `held`, millions of pairs, for every batch)."""
+    if not len(held):
+        return np.zeros(keys.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(held, keys), len(held) - 1)
+    return held[at] == keys
 
 
 def mask_tokens(
@@ -214,37 +224,49 @@ class PretrainCollator:
     def __init__(
         self,
         tokenizer,
-        examples: list[PretrainExample],
+        examples: PretrainCorpus | list[PretrainExample],
         max_boxes: int,
         cfg: MaskingConfig,
         texts: EncodedTexts | None = None,
-        held: Sequence[PretrainExample] = (),
+        held: PretrainCorpus | Sequence[PretrainExample] = (),
     ):
         self.cfg = cfg
         self.max_boxes = max_boxes
-        self.texts = (
-            texts
-            if texts is not None
-            else EncodedTexts(tokenizer, [e.sentence for e in examples], cfg.max_seq_len)
-        )
-        if len(self.texts) != len(examples):
-            raise ValueError(f"{len(self.texts)} tokenised sentences for {len(examples)} examples")
-        codes: dict[str, int] = {}
-        self.image_codes = codes  # img_id -> small int, to compare images without strings
-        self.pool_images = np.array(
-            [codes.setdefault(e.img_id, len(codes)) for e in examples], dtype=np.int64
-        )
+        pool = examples if isinstance(examples, PretrainCorpus) else PretrainCorpus.from_examples(examples)
+        if texts is None:
+            texts = (
+                corpus_texts(pool, tokenizer, cfg.max_seq_len, None)
+                if isinstance(examples, PretrainCorpus)
+                else EncodedTexts(tokenizer, [e.sentence for e in examples], cfg.max_seq_len)
+            )
+        self.texts = texts
+        if len(self.texts) != len(pool):
+            raise ValueError(f"{len(self.texts)} tokenised sentences for {len(pool)} examples")
+        # img_id -> small int, to compare images without strings: the pool's image table, then the held
+        # set's other images
+        codes = {name: i for i, name in enumerate(pool.images)}
+        self.image_codes = codes
+        self.pool_images = pool.column("image")
         # each sentence's hash, and the (image, sentence) pairs the sets hold (`held`: e.g. the validation
         # examples, never drawn): a sentence of another image that this image holds too ("how many shapes
         # are there?", a repeated caption) is no mismatch
-        self.pool_sentences = np.array([hash(e.sentence) for e in examples], dtype=np.int64)
-        held_images = np.array([codes.setdefault(e.img_id, len(codes)) for e in held], dtype=np.int64)
-        held_sentences = np.array([hash(e.sentence) for e in held], dtype=np.int64)
-        self.held_pairs = np.unique(
+        self.pool_sentences = pool.column("sentence_hash")
+        held = held if isinstance(held, PretrainCorpus) else PretrainCorpus.from_examples(list(held))
+        held_codes = np.array([codes.setdefault(name, len(codes)) for name in held.images], dtype=np.int64)
+        held_images = held_codes[held.column("image")] if len(held) else np.zeros(0, np.int64)
+        held_sentences = held.column("sentence_hash")
+        keys, first = np.unique(
             np.concatenate(
                 [_pair_keys(self.pool_images, self.pool_sentences), _pair_keys(held_images, held_sentences)]
-            )
+            ),
+            return_index=True,
         )
+        # only sentences two or more images hold can make a drawn one its own image's too: a sentence held
+        # by one image is held by the image it was drawn from, never the row's (the draw needs another);
+        # the pairs kept are few, and each batch's lookups among them stay in cache
+        hashes = np.concatenate([self.pool_sentences, held_sentences])[first]
+        sentence, images = np.unique(hashes, return_counts=True)
+        self.held_pairs = keys[np.isin(hashes, sentence[images > 1])]
         self.special_ids = np.array(sorted(set(tokenizer.all_special_ids)))
         self.vocab_size = len(tokenizer)
         self.mask_id = tokenizer.mask_token_id
@@ -346,7 +368,7 @@ class PretrainCollator:
         swap = rng.random(b) < cfg.mismatch_prob
         draws = rng.integers(len(self.pool_images), size=(b, MISMATCH_TRIES))
         other = self.pool_images[draws] != own_images[:, None]
-        other &= ~np.isin(_pair_keys(own_images[:, None], self.pool_sentences[draws]), self.held_pairs)
+        other &= ~_held(_pair_keys(own_images[:, None], self.pool_sentences[draws]), self.held_pairs)
         found = other.any(axis=1)
         pick = draws[np.arange(b), np.argmax(other, axis=1)]
         swap &= found

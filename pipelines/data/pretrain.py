@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from pipelines.data.json_rows import read_json
+from pipelines.data.corpus import PairAnswers, PretrainCorpus, load_corpus
 from pipelines.data.shared_memory import batch_allocator
 from pipelines.data.text import EncodedTexts
 from storage import FeatureReader
@@ -30,72 +30,40 @@ class PretrainExample:
 
 
 def read_pretrain_json(paths: Sequence[str | Path]) -> list[PretrainExample]:
-    """One example per (image, sentence); a malformed row raises ValueError naming the file and the row."""
-    examples: list[PretrainExample] = []
-    for path in paths:
-        path = Path(path)
-        rows = read_json(path)
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: expected a JSON list of {{img_id, sentf, labelf}} rows")
-        for i, row in enumerate(rows):
-            examples.extend(_parse_row(row, f"{path}: row {i}"))
-    return examples
-
-
-def _parse_row(row: object, where: str) -> list[PretrainExample]:
-    if not isinstance(row, dict):
-        raise ValueError(
-            f"{where}: expected an object with img_id, sentf and labelf, got {type(row).__name__}"
-        )
-    img_id = row.get("img_id")
-    if not isinstance(img_id, str) or not img_id:
-        raise ValueError(f"{where}: 'img_id' must be a non-empty string, got {img_id!r}")
-    where = f"{where} (img_id {img_id!r})"
-    sentf = row.get("sentf")
-    if not isinstance(sentf, dict):
-        raise ValueError(f"{where}: 'sentf' must map a source to a list of sentences")
-    labelf = row.get("labelf") or {}
-    if not isinstance(labelf, dict):
-        raise ValueError(f"{where}: 'labelf' must map a source to a list of {{answer: score}}")
-    out = []
-    for source, sents in sentf.items():
-        if not isinstance(sents, list) or not all(isinstance(s, str) for s in sents):
-            raise ValueError(f"{where}: sentf[{source!r}] must be a list of strings")
-        labels = labelf.get(source)
-        if labels is not None and (not isinstance(labels, list) or len(labels) != len(sents)):
-            raise ValueError(
-                f"{where}: labelf[{source!r}] must be a list aligned with sentf[{source!r}] "
-                f"({len(sents)} sentences)"
-            )
-        for k, sent in enumerate(sents):
-            label = None
-            if labels is not None:
-                label = labels[k]
-                if not isinstance(label, dict) or not all(
-                    isinstance(a, str) and isinstance(s, (int, float)) for a, s in label.items()
-                ):
-                    raise ValueError(f"{where}: labelf[{source!r}][{k}] must be an {{answer: score}} object")
-            out.append(PretrainExample(img_id, sent, source, label))
-    return out
+    """One example per (image, sentence), as objects; a malformed row raises ValueError naming the file and
+    the row. Training reads the files as columns instead (`pipelines.data.corpus.load_corpus`)."""
+    return list(load_corpus(paths, None))
 
 
 def check_image_ids(
-    examples: list[PretrainExample], features: FeatureReader, files: Iterable[str | Path], skip_missing: bool
-) -> list[PretrainExample]:
+    examples: PretrainCorpus | list[PretrainExample],
+    features: FeatureReader,
+    files: Iterable[str | Path],
+    skip_missing: bool,
+) -> PretrainCorpus | list[PretrainExample]:
     """Every image must be in the feature sets: raise with a count and examples, or drop them."""
-    ids = {e.img_id for e in examples}
-    missing = sorted(i for i in ids if i not in features)
+    if isinstance(examples, PretrainCorpus):
+        used = examples.used_images().tolist()
+        names = examples.images
+        gone_codes = [c for c in used if names[c] not in features]
+        ids, missing = used, sorted(names[c] for c in gone_codes)
+    else:
+        ids = {e.img_id for e in examples}
+        missing = sorted(i for i in ids if i not in features)
     if not missing:
         return examples
     stores = ", ".join(str(p) for p in features.paths)
-    names = ", ".join(str(f) for f in files)
+    names_of_files = ", ".join(str(f) for f in files)
     if not skip_missing:
         raise ValueError(
-            f"{len(missing)} of {len(ids)} image ids in {names} are not in the feature sets ({stores}), "
-            f"e.g. {missing[:5]}; extract them, or pass --skip-missing to drop their sentences"
+            f"{len(missing)} of {len(ids)} image ids in {names_of_files} are not in the feature sets "
+            f"({stores}), e.g. {missing[:5]}; extract them, or pass --skip-missing to drop their sentences"
         )
-    gone = set(missing)
-    kept = [e for e in examples if e.img_id not in gone]
+    if isinstance(examples, PretrainCorpus):
+        kept = examples.select(~np.isin(examples.column("image"), gone_codes))
+    else:
+        gone = set(missing)
+        kept = [e for e in examples if e.img_id not in gone]
     log.warning(
         "skipping %d sentences of %d images missing from %s, e.g. %s",
         len(examples) - len(kept),
@@ -159,28 +127,37 @@ class PretrainDataset(Dataset):
     trainer call): one read transaction for all its regions, features kept float16 as stored, boxes
     normalised to [0, 1], sentences tokenised once (`texts`). Item i is the batch of example i alone.
 
-    `evaluation` marks a validation set, for which the collator adds the QA accuracy inputs. The
-    feature reader opens its LMDB lazily in whichever process reads first (each DataLoader worker)."""
+    `examples` is a `PretrainCorpus` (columns that forked loader workers share without copying) or a list
+    of `PretrainExample`s, held as one; `answers` each example's (label, score) pairs, as `PairAnswers`
+    or a list. `evaluation` marks a validation set, for which the collator adds the QA accuracy inputs.
+    The feature reader opens its LMDB lazily in whichever process reads first (each DataLoader worker)."""
 
     def __init__(
         self,
-        examples: list[PretrainExample],
+        examples: PretrainCorpus | list[PretrainExample],
         features: FeatureReader,
         texts: EncodedTexts,
         pad_id: int,
-        answers: list[tuple[tuple[int, float], ...]] | None = None,
+        answers: PairAnswers | list[tuple[tuple[int, float], ...]] | None = None,
         evaluation: bool = False,
         width: int | None = None,
     ):
-        if answers is not None and len(answers) != len(examples):
-            raise ValueError(f"{len(answers)} answer lists for {len(examples)} examples")
-        if len(texts) != len(examples):
-            raise ValueError(f"{len(texts)} tokenised sentences for {len(examples)} examples")
-        self.examples = examples
+        corpus = examples if isinstance(examples, PretrainCorpus) else PretrainCorpus.from_examples(examples)
+        if answers is None:
+            answers = PairAnswers(
+                np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(len(corpus) + 1, np.int64)
+            )
+        elif not isinstance(answers, PairAnswers):
+            answers = PairAnswers.from_lists(answers)
+        if len(answers) != len(corpus):
+            raise ValueError(f"{len(answers)} answer lists for {len(corpus)} examples")
+        if len(texts) != len(corpus):
+            raise ValueError(f"{len(texts)} tokenised sentences for {len(corpus)} examples")
+        self.examples = corpus
         self.features = features
         self.texts, self.pad_id = texts, pad_id
-        self.answer_labels, self.answer_scores = answer_arrays(answers or [() for _ in examples])
-        self.question = np.array([e.label is not None for e in examples], dtype=bool)
+        self.answers = answers
+        self.question = corpus.column("question")
         self.evaluation = evaluation
         self.width = width  # region slots per image (None = each batch's most boxes)
 
@@ -189,17 +166,16 @@ class PretrainDataset(Dataset):
 
     def __getitems__(self, indices) -> PretrainBatch:
         idx = np.asarray(indices, dtype=np.int64)
+        answer_labels, answer_scores = self.answers.gather(idx)
         return PretrainBatch(
             indices=idx,
-            regions=self.features.read_batch(
-                [self.examples[i].img_id for i in idx], self.width, batch_allocator()
-            ),
+            regions=self.features.read_batch(self.examples.image_ids(idx), self.width, batch_allocator()),
             token_ids=self.texts.padded(idx, self.pad_id),
             lengths=self.texts.lengths(idx),
-            answer_labels=self.answer_labels[idx],
-            answer_scores=self.answer_scores[idx],
-            question=self.question[idx],
-            sources=[self.examples[i].source for i in idx],
+            answer_labels=answer_labels,
+            answer_scores=answer_scores,
+            question=np.asarray(self.question[idx], dtype=bool),
+            sources=self.examples.source_names(idx),
             evaluation=self.evaluation,
         )
 

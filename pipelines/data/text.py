@@ -219,21 +219,35 @@ class EncodedTexts:
             return (np.concatenate(pieces) if pieces else np.zeros(0, np.int32)), offsets
 
         self.ids, self.offsets = load_or_tokenize(tokenize, tokenizer, sents, max_length, cache_dir)
+        self.rows: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray | None = None) -> EncodedTexts:
+        """Sentences already tokenised (flat `ids`, `offsets`); `rows`: sentence i is their `rows[i]`."""
+        texts = cls.__new__(cls)
+        texts.ids, texts.offsets, texts.rows = ids, offsets, rows
+        return texts
 
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.offsets) - 1 if self.rows is None else len(self.rows)
+
+    def _at(self, indices) -> np.ndarray:
+        indices = np.asarray(indices, dtype=np.int64)
+        return indices if self.rows is None else self.rows[indices]
 
     def __getitem__(self, i: int) -> np.ndarray:
+        i = int(self._at(i))
         return self.ids[self.offsets[i] : self.offsets[i + 1]].astype(np.int64)
 
     def lengths(self, indices: np.ndarray) -> np.ndarray:
         """Token counts of sentences `indices`."""
-        return self.offsets[indices + 1] - self.offsets[indices]
+        at = self._at(indices)
+        return self.offsets[at + 1] - self.offsets[at]
 
     def padded(self, indices: np.ndarray, pad_id: int, width: int | None = None) -> np.ndarray:
         """(B, width) int64 ids of sentences `indices`, right-padded with `pad_id` (None = the longest)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        lengths = self.lengths(indices)
+        indices = self._at(indices)
+        lengths = self.offsets[indices + 1] - self.offsets[indices]
         width = int(lengths.max(initial=1)) if width is None else width
         cols = np.arange(width)
         inside = cols[None, :] < lengths[:, None]

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from model import get_family
-from pipelines.data.answers import ANSWERS_FILE, AnswerTable
-from pipelines.data.bad_records import drop_bad
+from pipelines.data.answers import ANSWERS_FILE, AnswerTable, normalize_answer
+from pipelines.data.bad_records import bad_records
+from pipelines.data.corpus import PairAnswers, PretrainCorpus, corpus_texts, load_corpus
 from pipelines.data.masking import MaskingConfig, PretrainCollator, apply_object_masking
-from pipelines.data.pretrain import PretrainDataset, PretrainExample, check_image_ids, read_pretrain_json
+from pipelines.data.pretrain import PretrainDataset, check_image_ids
 from pipelines.data.regions import IMAGE_SIZE, float_inputs, inputs_for
 from pipelines.data.text import EncodedTexts, load_tokenizer, save_tokenizer, write_vocab
 from pipelines.engine.checkpoints import latest_checkpoint
@@ -96,8 +97,9 @@ class PretrainConfig:
     # the release runs QA from the start (0); the paper adds it at epoch 10 of 20
     qa_from_epoch: int = 0
     qa_weight: float = 1.0
-    # where tokenised sentences are kept between runs (keyed by vocab and sentences); None = not kept,
-    # except that `pretrain()` keeps them in the run directory's cache/
+    # where the JSON files converted into memory-mapped columns (keyed by the files' paths, sizes and
+    # mtimes) and their token ids (and the vocab) are kept between runs; None = converted into memory
+    # each time, except that `pretrain()` keeps them in the run directory's cache/
     token_cache: str | None = None
 
     def __post_init__(self) -> None:
@@ -160,26 +162,32 @@ class PretrainTask:
         self.config = cfg
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.vocab)
         self.features = FeatureReader(cfg.features)
+        # the files as memory-mapped columns, converted once into the token cache's folder
         train = check_image_ids(
-            read_pretrain_json(cfg.train_files), self.features, cfg.train_files, cfg.skip_missing
+            load_corpus(cfg.train_files, cfg.token_cache), self.features, cfg.train_files, cfg.skip_missing
         )
-        valid = []
+        valid = None
         if cfg.valid_files:
             valid = check_image_ids(
-                read_pretrain_json(cfg.valid_files), self.features, cfg.valid_files, cfg.skip_missing
+                load_corpus(cfg.valid_files, cfg.token_cache),
+                self.features,
+                cfg.valid_files,
+                cfg.skip_missing,
             )
-        train = drop_bad(train, _image_of, self.features, cfg.skip_bad_records, "training sentences")
-        valid = drop_bad(valid, _image_of, self.features, cfg.skip_bad_records, "validation sentences")
+        train = _drop_bad(train, self.features, cfg.skip_bad_records, "training sentences")
+        if valid is not None:
+            valid = _drop_bad(valid, self.features, cfg.skip_bad_records, "validation sentences")
+        valid = valid or None
         if not train:
             raise ValueError(f"no usable training sentence is left in {', '.join(cfg.train_files)}")
         if answers is None:
             if cfg.answers:
                 answers = AnswerTable.load(cfg.answers)
             else:
-                labels = (e.label for e in train if e.label)
-                answers = AnswerTable.build(labels, cfg.answer_min_count, cfg.max_answers)
+                counts = train.answer_counts(normalize_answer)
+                answers = AnswerTable.from_counts(counts, cfg.answer_min_count, cfg.max_answers)
         self.answers = answers
-        self.train_examples, self.valid_examples = train, valid
+        self.train_examples, self.valid_examples = train, valid if valid is not None else []
         self.family = get_family(cfg.arch)
         masking = _masking_for(self.family.models["pretraining"], cfg.masking)
         if masking.regions and self.features[train[0].img_id].class_probs is None:
@@ -204,8 +212,8 @@ class PretrainTask:
         log.info(
             "pre-training on %d sentences (%d images), %d validation sentences, %d answers",
             len(train),
-            len({e.img_id for e in train}),
-            len(valid),
+            len(train.used_images()),
+            len(valid or ()),
             len(answers),
         )
 
@@ -306,21 +314,33 @@ class PretrainTask:
         self.answers.save(Path(directory) / ANSWERS_FILE)
 
     # ----
-    def _texts(self, examples: list[PretrainExample], length: int) -> EncodedTexts:
-        sents = [e.sentence for e in examples]
-        return EncodedTexts(self.tokenizer, sents, length, cache_dir=self.config.token_cache)
+    def _texts(self, corpus: PretrainCorpus, length: int) -> EncodedTexts:
+        return corpus_texts(corpus, self.tokenizer, length, self.config.token_cache)
 
     def _dataset(self, examples, texts, answers, evaluation: bool) -> PretrainDataset:
         pad = self.tokenizer.pad_token_id
         width = self.features.max_boxes
         return PretrainDataset(examples, self.features, texts, pad, answers, evaluation, width)
 
-    def _answer_labels(self, examples: list[PretrainExample]) -> list[tuple[tuple[int, float], ...]]:
-        return [tuple(self.answers.labels(e.label).items()) if e.label else () for e in examples]
+    def _answer_labels(self, corpus: PretrainCorpus) -> PairAnswers:
+        return corpus.answer_labels(self.answers)
 
 
-def _image_of(example: PretrainExample) -> tuple[str]:
-    return (example.img_id,)
+def _drop_bad(corpus: PretrainCorpus, features: FeatureReader, skip: bool, what: str) -> PretrainCorpus:
+    """`corpus` without the pairs reading a record that fails storage.validate (see `bad_records`)."""
+    used = corpus.used_images().tolist()
+    bad = bad_records(features, [corpus.images[c] for c in used], skip)
+    if not bad:
+        return corpus
+    kept = corpus.select(~np.isin(corpus.column("image"), [c for c in used if corpus.images[c] in bad]))
+    log.warning(
+        "%s: skipped %d of %d examples reading %d bad records (--skip-bad-records)",
+        what,
+        len(corpus) - len(kept),
+        len(corpus),
+        len(bad),
+    )
+    return kept
 
 
 def _predicted_answer_scores(model: torch.nn.Module, batch: dict) -> torch.Tensor:

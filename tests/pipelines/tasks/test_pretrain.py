@@ -232,7 +232,8 @@ def test_a_loaded_answer_table_keeps_its_rows(data, tmp_path):
     task = PretrainTask(run.task)
     assert task.answers.answers == answers
     dataset = task.train_dataset()
-    for example, row in zip(dataset.examples, dataset.answer_labels, strict=True):
+    labels, _ = dataset.answers.gather(np.arange(len(dataset)))
+    for example, row in zip(dataset.examples, labels, strict=True):
         if not example.label:
             continue
         pairs = [int(i) for i in row if i != -100]
