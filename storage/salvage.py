@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,15 +69,17 @@ def salvage(path: str | os.PathLike) -> Salvage:
 def _add_hidden(walk: TreeWalk, older: TreeWalk) -> None:
     """Add to `walk` the keys of `older` that `walk`'s broken pages hide, keeping key order."""
     known = set(walk.keys)
-    found = [
-        (key, where)
-        for key, where in zip(older.keys, older.where, strict=True)
-        if key not in known and any(page.holds(key) for page in walk.broken)
-    ]
+
+    def rows(w: TreeWalk) -> zip:
+        return zip(w.keys, w.where, w.value_at, w.value_size, w.leaf_at, strict=True)
+
+    found = [row for row in rows(older) if row[0] not in known and any(p.holds(row[0]) for p in walk.broken)]
     if found:
-        merged = sorted([*zip(walk.keys, walk.where, strict=True), *found])
-        walk.keys = [key for key, _ in merged]
-        walk.where = [where for _, where in merged]
+        merged = sorted([*rows(walk), *found])
+        walk.keys = [row[0] for row in merged]
+        walk.where = [row[1] for row in merged]
+        for i, name in enumerate(("value_at", "value_size", "leaf_at"), start=2):
+            setattr(walk, name, array("q", [row[i] for row in merged]))
 
 
 def _meta(path: Path, data: Path, snapshots: list[int]) -> tuple[dict, str | None]:
