@@ -39,6 +39,7 @@ RANGES: dict[str, str] = {
     "max_position_embeddings": "[1, 65536]",
     "max_length": "[1, 65536]",
     "type_vocab_size": "[1, 1024]",
+    "visual_token_type_id": "[0, 1023]",
     "num_object_labels": _COUNT,
     "num_attr_labels": _COUNT,
     "num_qa_labels": "[0, 1048576]",

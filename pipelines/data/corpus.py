@@ -14,6 +14,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -290,6 +291,16 @@ def convert(paths: Sequence[str | Path], directory: Path, key: str) -> None:
         writer.close(key)
 
 
+@dataclass(slots=True)
+class PretrainExample:
+    """One (image, sentence) pair; `label` is the sentence's {answer: score} when it is a question."""
+
+    img_id: str
+    sentence: str
+    source: str
+    label: dict[str, float] | None = None
+
+
 class PretrainCorpus(Sequence):
     """(image, sentence) pairs as columns (see COLUMNS) over one image table; `rows` selects and orders
     pairs of the columns (None: all, as converted). Item i is the `PretrainExample` of pair i, built on
@@ -382,8 +393,6 @@ class PretrainCorpus(Sequence):
         return [chunk[a:b].decode("utf-8") for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def __getitem__(self, i):
-        from pipelines.data.pretrain import PretrainExample
-
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):

@@ -10,23 +10,13 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from pipelines.data.corpus import PairAnswers, PretrainCorpus, load_corpus
+from pipelines.data.corpus import PairAnswers, PretrainCorpus, PretrainExample, load_corpus
 from pipelines.data.shared_memory import batch_allocator
 from pipelines.data.text import EncodedTexts
 from storage import FeatureReader
 from storage.batch import RegionBatch, concat_batches
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class PretrainExample:
-    """One (image, sentence) pair; `label` is the sentence's {answer: score} when it is a question."""
-
-    img_id: str
-    sentence: str
-    source: str
-    label: dict[str, float] | None = None
 
 
 def read_pretrain_json(paths: Sequence[str | Path]) -> list[PretrainExample]:
