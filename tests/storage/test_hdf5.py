@@ -144,7 +144,8 @@ def test_unknown_hdf5_layout_is_named(tmp_path):
         list(read_hdf5(tmp_path / "x.h5"))
 
 
-# The id map conversion the manual (docs/store.md) gives bottom-up-attention-vqa users (run on their side): xmodal's JSON
+# The id map conversion the manual (docs/store.md) gives bottom-up-attention-vqa users (run on their
+# side): xmodal's JSON
 # {id: row} -> their {int image id: row} pickle, protocol 2 for their Python 2 cPickle.
 TO_PICKLE = (
     "import json, pickle; m = json.load(open('{src}')); "

@@ -90,7 +90,8 @@ def test_self_critical_phase_logs_rewards(corpus, tmp_path):
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert [("reward" in r) for r in rows] == [False] * 6 + [True] * 3
     assert all(0 <= r["reward"] <= 10 for r in rows[6:])
-    # The captioning page's two-run recipe: SCST from the start of a run initialised from the cross-entropy one.
+    # The captioning page's two-run recipe: SCST from the start of a run initialised from the
+    # cross-entropy one.
     run = caption_run(corpus, steps=3, scst_from_epoch=0, init=str(tmp_path / "run" / "last"))
     finetune(run, tmp_path / "scst")
     rows = [r for r in read_metrics(tmp_path / "scst" / "metrics.jsonl") if "loss" in r]
