@@ -376,6 +376,10 @@ class CaptionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    def request_ahead(self, indices) -> None:
+        """Ask the store now for the regions of images `indices` (`FeatureReader.request_ahead`)."""
+        self.features.request_ahead([self.examples[i].img_id for i in indices])
+
     def __getitems__(self, indices) -> ExampleBatch:
         return ExampleBatch.read(
             self.features,

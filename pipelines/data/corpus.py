@@ -41,6 +41,9 @@ COLUMNS = {
 }
 
 
+PAIRS_STEP = 1 << 20  # pairs whose answers are sorted together
+
+
 class Mapped(np.memmap):
     """A read-only column mapped from its file; pickled as its file name (a Ray worker maps it again)
     rather than as its bytes."""
@@ -426,26 +429,31 @@ class PretrainCorpus(Sequence):
         norm_of = np.array(
             [norm_names.setdefault(normalize(a), len(norm_names)) for a in self.answer_names], np.int64
         )
-        pairs, ids, _ = self._entries()
-        if not ids.size:
-            return Counter()
-        keys = np.sort(pairs * max(len(norm_names), 1) + norm_of[ids])  # np.unique hashes: 20x slower
-        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
-        counts = np.bincount(keys % max(len(norm_names), 1), minlength=len(norm_names))
+        width = max(len(norm_names), 1)
+        counts = np.zeros(width, np.int64)
+        for lo in range(0, len(self), PAIRS_STEP):
+            pairs, ids, _ = self._entries(lo, min(lo + PAIRS_STEP, len(self)))
+            if not ids.size:
+                continue
+            keys = np.sort(pairs * width + norm_of[ids])  # np.unique hashes: 20x slower
+            keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+            counts += np.bincount(keys % width, minlength=width)
         names = list(norm_names)
         return Counter({names[k]: int(n) for k, n in enumerate(counts.tolist()) if n})
 
-    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every answer entry of the selected pairs: (pair index within the selection, answer id, score)."""
+    def _entries(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every answer entry of selected pairs lo..hi-1: (pair index - lo, answer id, score)."""
         offsets = self.columns["answer_offsets"]
-        if self.rows is None:  # every entry, in order: the mapped columns themselves
-            pairs = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(offsets))
-            return pairs, self.columns["answer_ids"], self.columns["answer_scores"]
-        at = self.base(np.arange(len(self)))
-        lo, hi = offsets[at], offsets[at + 1]
-        counts = hi - lo
-        pairs = np.repeat(np.arange(len(self), dtype=np.int64), counts)
-        starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
+        if self.rows is None:  # consecutive entries: slices of the mapped columns
+            bounds = np.asarray(offsets[lo : hi + 1], dtype=np.int64)
+            pairs = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(bounds))
+            first, last = int(bounds[0]), int(bounds[-1])
+            return pairs, self.columns["answer_ids"][first:last], self.columns["answer_scores"][first:last]
+        at = self.rows[lo:hi]
+        start, stop = offsets[at], offsets[at + 1]
+        counts = stop - start
+        pairs = np.repeat(np.arange(hi - lo, dtype=np.int64), counts)
+        starts = np.repeat(start - (np.cumsum(counts) - counts), counts)
         entry = starts + np.arange(int(counts.sum()), dtype=np.int64)
         return (
             pairs,
@@ -455,26 +463,34 @@ class PretrainCorpus(Sequence):
 
     def answer_labels(self, table) -> PairAnswers:
         """Each selected pair's answers as labels of `table` (`AnswerTable.labels`: answers not in the
-        table left out, the best score, at least 0, for answers sharing a label), flat."""
+        table left out, the best score, at least 0, for answers sharing a label), flat. Made PAIRS_STEP
+        pairs at a time: the sorts' scratch arrays stay small whatever the corpus's size."""
         lookup = np.array([table.get(a, -1) for a in self.answer_names] or [-1], dtype=np.int64)
-        pairs, ids, scores = self._entries()
-        labels = lookup[ids] if ids.size else np.zeros(0, np.int64)
-        known = labels >= 0
-        pairs, labels, scores = pairs[known], labels[known], scores[known]
-        position = np.arange(len(pairs))
-        # group each pair's entries by label: first position and best score per group
-        order = np.lexsort((position, labels, pairs))
-        pairs, labels, scores, position = pairs[order], labels[order], scores[order], position[order]
-        start = np.ones(len(pairs), bool)
-        start[1:] = (pairs[1:] != pairs[:-1]) | (labels[1:] != labels[:-1])
-        starts = np.nonzero(start)[0]
-        best = np.maximum(np.maximum.reduceat(scores, starts), 0.0) if starts.size else scores[:0]
-        g_pairs, g_labels, g_first = pairs[starts], labels[starts], position[starts]
-        keep = np.lexsort((g_first, g_pairs))
-        g_pairs, g_labels, best = g_pairs[keep], g_labels[keep], best[keep]
-        counts = np.bincount(g_pairs, minlength=len(self))
+        counts = np.zeros(len(self), np.int64)
+        out_labels, out_scores = [], []
+        for lo in range(0, len(self), PAIRS_STEP):
+            hi = min(lo + PAIRS_STEP, len(self))
+            pairs, ids, scores = self._entries(lo, hi)
+            labels = lookup[ids] if ids.size else np.zeros(0, np.int64)
+            known = labels >= 0
+            pairs, labels, scores = pairs[known], labels[known], np.asarray(scores)[known]
+            position = np.arange(len(pairs))
+            # group each pair's entries by label: first position and best score per group
+            order = np.lexsort((position, labels, pairs))
+            pairs, labels, scores, position = pairs[order], labels[order], scores[order], position[order]
+            start = np.ones(len(pairs), bool)
+            start[1:] = (pairs[1:] != pairs[:-1]) | (labels[1:] != labels[:-1])
+            starts = np.nonzero(start)[0]
+            best = np.maximum(np.maximum.reduceat(scores, starts), 0.0) if starts.size else scores[:0]
+            g_pairs, g_labels, g_first = pairs[starts], labels[starts], position[starts]
+            keep = np.lexsort((g_first, g_pairs))
+            out_labels.append(g_labels[keep].astype(np.int64))
+            out_scores.append(best[keep].astype(np.float32))
+            counts[lo:hi] = np.bincount(g_pairs, minlength=hi - lo)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        return PairAnswers(g_labels.astype(np.int64), best.astype(np.float32), offsets)
+        labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
+        scores = np.concatenate(out_scores) if out_scores else np.zeros(0, np.float32)
+        return PairAnswers(labels, scores, offsets)
 
 
 class PairAnswers:

@@ -254,6 +254,10 @@ class QADataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    def request_ahead(self, indices) -> None:
+        """Ask the store now for the regions of questions `indices` (`FeatureReader.request_ahead`)."""
+        self.features.request_ahead([self.examples[i].img_id for i in indices])
+
     def __getitems__(self, indices) -> QABatch:
         idx = np.asarray(indices, dtype=np.int64)
         targets = None
