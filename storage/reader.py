@@ -49,6 +49,11 @@ def major_faults() -> int:
     return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_majflt
 
 
+# Linux reads at most the device's read-ahead window (`read_ahead_kb`, 128 KB by default) of one
+# WILLNEED call and drops the rest: ranges are asked for in pieces no larger
+_WILLNEED_PIECE = 128 << 10
+
+
 def request_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> None:
     """posix_fadvise(WILLNEED) each (offset, size) range of file `fd`: the kernel starts reading all of
     them into the page cache without waiting for any, so the disk gets them queued together. A hint only:
@@ -56,7 +61,8 @@ def request_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     for start, size in ranges:
-        os.posix_fadvise(fd, start, size, os.POSIX_FADV_WILLNEED)
+        for at in range(start, start + size, _WILLNEED_PIECE):
+            os.posix_fadvise(fd, at, min(_WILLNEED_PIECE, start + size - at), os.POSIX_FADV_WILLNEED)
 
 
 def wrong_record(path: Path, asked: str, found: str) -> StoreDamagedError:

@@ -234,7 +234,7 @@ def loader_rate(spec: dict, tree: Path = REPO) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def corpus_figures(pairs: int, work: Path) -> dict:
+def corpus_figures(pairs: int, work: Path, batches: int) -> dict:
     """scale_corpus.measure_corpus's figures, or nulls and why."""
     keys = ("pairs", "first_batch_s", "first_batch_cached_s", "driver_rss_gb", "worker_growth_gb")
     keys += ("pairs_sps", "small_sps")
@@ -243,7 +243,7 @@ def corpus_figures(pairs: int, work: Path) -> dict:
         from scale_corpus import measure_corpus
     except ImportError as exc:
         return {**dict.fromkeys(keys), "pairs": pairs, "corpus_note": f"corpus not measured ({exc})"}
-    offered = {"pairs": pairs, "workdir": work, "work": work}
+    offered = {"pairs": pairs, "workdir": work, "work": work, "batches": batches}
     wanted = inspect.signature(measure_corpus).parameters
     return measure_corpus(**{k: v for k, v in offered.items() if k in wanted})
 
@@ -265,6 +265,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the store and corpus afterwards")
     parser.add_argument("--store", help="measure this store (one --keep left) instead of writing one")
     parser.add_argument("--batches", type=int, default=60, help="timed batches of 256 per cold measurement")
+    parser.add_argument(
+        "--corpus-batches", type=int, default=10_000, help="batches of 256 pairs timed (default 10,000)"
+    )
     parser.add_argument("--disk-seconds", type=float, default=5.0, help="seconds per disk measurement")
     parser.add_argument(
         "--compare",
@@ -319,7 +322,8 @@ def main() -> int:
                                                     "cold": False, "repeat": True}, tree)["rps"])  # fmt: skip
             print(f"{args.compare}: cold, 1 loader process {before['cold_rps_1']:,} records/s, warm "
                   f"{before['warm_rps']:,}", flush=True)  # fmt: skip
-        corpus = corpus_figures(args.pairs, work / "corpus")  # its own folder: it removes what it wrote
+        # in a folder of its own: it removes what it wrote there
+        corpus = corpus_figures(args.pairs, work / "corpus", args.corpus_batches)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

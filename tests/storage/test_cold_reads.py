@@ -274,3 +274,19 @@ def test_membership_reads_no_value(store, monkeypatch):
     assert looked_up == []
     assert "img_999999" not in reader
     assert looked_up == [b"img_999999"]
+
+
+def test_long_ranges_are_asked_for_in_pieces_the_kernel_reads_whole(monkeypatch):
+    """Linux reads at most the read-ahead window (128 KB by default) of one WILLNEED call: a longer range
+    (adjacent values merged) is asked for in pieces, which together cover it exactly."""
+    asked = []
+    monkeypatch.setattr(
+        storage.reader.os, "posix_fadvise", lambda fd, at, size, advice: asked.append((at, size))
+    )
+    ranges = [(4096, 40 * PAGE), (1 << 20, 700 * 1024 + 8)]
+    storage.reader.request_ranges(3, ranges)
+    assert all(0 < size <= 128 * 1024 for _, size in asked)
+    covered = sorted(asked)
+    for (start, size), piece in zip(ranges, [covered[:2], covered[2:]], strict=True):
+        assert piece[0][0] == start and sum(n for _, n in piece) == size
+        assert all(a + n == b for (a, n), (b, _) in zip(piece, piece[1:], strict=False))
