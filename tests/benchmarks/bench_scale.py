@@ -201,36 +201,41 @@ def measure_loader(spec: dict) -> dict:
     return {"rps": run(True), "note": spec.get("note")}
 
 
-def check_time(store: Path, count: int, memo: Path) -> dict:
+def measure_check(spec: dict) -> dict:
     """Seconds the trainer's start-up check of every record (storage.checks) takes on the cold store, and
-    again on the unchanged store (answered from what the first one kept in `memo`)."""
+    again on the unchanged store (answered from what the first one kept in `spec["memo"]`). Runs in its
+    own process (see `in_process`): the pages it reads count in no other measurement's RSS."""
     from storage import FeatureReader
     from storage.checks import check_records
 
     out = {}
     for name in ("check_s", "check_again_s"):
-        note = drop_caches()
+        out["note"] = drop_caches()
         start = time.perf_counter()
-        reader = FeatureReader(store)
-        bad = check_records(reader, (img_id(i) for i in range(count)), skip=True, cache=memo)
+        reader = FeatureReader(spec["store"])
+        bad = check_records(reader, (img_id(i) for i in range(spec["count"])), skip=True, cache=spec["memo"])
         out[name] = round(time.perf_counter() - start, 1)
         reader.close()
         if bad:
-            raise SystemExit(f"the start-up check found {len(bad)} bad records in {store}")
-    out["check_rps"] = round(count / out["check_s"]) if out["check_s"] else None
-    out["check_note"] = note
+            raise SystemExit(f"the start-up check found {len(bad)} bad records in {spec['store']}")
+    out["check_rps"] = round(spec["count"] / out["check_s"]) if out["check_s"] else None
     return out
 
 
 def loader_rate(spec: dict, tree: Path = REPO) -> dict:
     """`measure_loader(spec)` in a fresh process importing the package from `tree`."""
-    code = "import json, sys, bench_scale as b; print(json.dumps(b.measure_loader(json.loads(sys.argv[1]))))"
+    return in_process("measure_loader", spec, tree)
+
+
+def in_process(name: str, spec: dict, tree: Path = REPO) -> dict:
+    """This module's function `name`(spec) in a fresh process importing the package from `tree`."""
+    code = f"import json, sys, bench_scale as b; print(json.dumps(b.{name}(json.loads(sys.argv[1]))))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(tree)])}
     out = subprocess.run(
         [sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True, text=True, check=False
     )
     if out.returncode:
-        raise SystemExit(f"measuring {spec['workers']} loader processes failed:\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{name}({spec}) failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -307,7 +312,9 @@ def main() -> int:
             cold[str(workers)] = got["rps"]
             notes.add(got["note"])
             print(f"cold, {workers} loader processes: {got['rps']:,.0f} records/s", flush=True)
-        check = check_time(store, count, work / "record-checks")
+        memo = str(work / "checks")
+        check = in_process("measure_check", {"store": str(store), "count": count, "memo": memo})
+        notes.add(check["note"])
         print(f"start-up check of {count} records: {check['check_s']} s cold, {check['check_again_s']} s "
               "again", flush=True)  # fmt: skip
         warm_batches = max(2, min(spec["batches"], int(0.25 * ram // (BATCH * per_record))))

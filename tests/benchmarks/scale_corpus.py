@@ -11,7 +11,7 @@ for image k: the feature read is measured by the store's own benchmarks; its rec
 instead of once per image. Each measurement runs in a fresh process (a cold start of the training
 process; the page cache stays warm).
 
-Memory: `driver_rss_gb` is the training process's peak RSS over the cached run (ru_maxrss, an upper
+Memory: `driver_rss_gb` is the training process's peak RSS over the cached run (VmHWM, an upper
 bound: it counts every file page it maps and touched, torch's libraries and the corpus's columns, which
 are page cache shared with the workers); `driver_anon_gb` its anonymous memory (heap, arrays) and
 `driver_pss_gb` its proportional share at the end; `first_run_rss_gb` the peak of the run that
@@ -125,6 +125,15 @@ def _rollup(pid: int | str, field: str) -> int:
     return 0
 
 
+def _status(field: str) -> int:
+    """Bytes of `field` (VmHWM, VmRSS, ...) in /proc/self/status."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _private_dirty(pid: int) -> int:
     return _rollup(pid, "Private_Dirty")
 
@@ -144,8 +153,6 @@ def _worker_memory(pids: list[int]) -> dict[int, tuple[int, int]]:
 def _child(args: dict) -> dict:
     """One cold start of the training process: the task, its dataset, `batches` batches through the
     loader. Runs in its own process."""
-    import resource
-
     import psutil
     import torch
 
@@ -213,7 +220,8 @@ def _child(args: dict) -> dict:
         "pairs": len(dataset),
         "first_batch_s": first,
         "sps": (done - 1) * batch / elapsed if done > 1 else 0.0,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        # VmHWM: this process's own peak (ru_maxrss would also count the parent's at the fork)
+        "peak_rss_gb": _status("VmHWM") / 2**30,
         "rss_gb": psutil.Process().memory_info().rss / 2**30,
         "anon_gb": _rollup("self", "Anonymous") / 2**30,
         "pss_gb": _rollup("self", "Pss") / 2**30,
