@@ -37,11 +37,11 @@ def drop_bad(
     if not bad:
         return list(examples)
     kept = [ex for ex in examples if not any(img in bad for img in images(ex))]
-    log.warning(
-        "%s: skipped %d of %d examples reading %d bad records (--skip-bad-records)",
-        what,
-        len(examples) - len(kept),
-        len(examples),
-        len(bad),
-    )
+    log_dropped(what, len(examples) - len(kept), len(examples), len(bad))
     return kept
+
+
+def log_dropped(what: str, dropped: int, total: int, bad: int) -> None:
+    log.warning(
+        "%s: skipped %d of %d examples reading %d bad records (--skip-bad-records)", what, dropped, total, bad
+    )

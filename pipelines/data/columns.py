@@ -112,6 +112,55 @@ def cached_folder(
     return open_(final)
 
 
+class ArrayFolder:
+    """Named 1-d arrays in a folder (`<name>.bin` each, `meta.json` with their dtypes, counts and key)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], key: str):
+        self.arrays, self.key = arrays, key
+
+    @staticmethod
+    def write(arrays: dict[str, np.ndarray], folder: Path, key: str) -> None:
+        for name, arr in arrays.items():
+            np.ascontiguousarray(arr).tofile(folder / f"{name}.bin")
+        meta = {n: [a.dtype.str, len(a)] for n, a in arrays.items()}
+        (folder / "meta.json").write_text(json.dumps({"key": key, "arrays": meta}))
+
+    @classmethod
+    def open(cls, folder: Path) -> ArrayFolder:
+        meta = json.loads((folder / "meta.json").read_text())
+        arrays = {}
+        for name, (dtype, count) in meta["arrays"].items():
+            path = folder / f"{name}.bin"
+            if os.stat(path).st_size != np.dtype(dtype).itemsize * int(count):
+                raise ValueError(f"{path}: not the {count} items recorded")
+            arrays[name] = map_column(path, dtype, int(count))
+        return cls(arrays, meta["key"])
+
+
+def cached_arrays(
+    cache_dir: str | Path | None,
+    name: str,
+    key: str,
+    compute: Callable[[], dict[str, np.ndarray]],
+    check: Callable[[dict[str, np.ndarray]], None],
+) -> dict[str, np.ndarray]:
+    """The arrays `compute()` gives, kept in `cache_dir`'s `<name>-<key>` and mapped from there
+    (`check` raises ValueError for arrays that cannot be right: the folder is computed again); in
+    memory without `cache_dir`."""
+    if cache_dir is None:
+        return compute()
+
+    def opened(folder: Path) -> ArrayFolder:
+        found = ArrayFolder.open(folder)
+        check(found.arrays)
+        return found
+
+    def build(folder: Path) -> None:
+        ArrayFolder.write(compute(), folder, key)
+
+    return cached_folder(Path(cache_dir) / f"{name}-{key[:32]}", key, build, opened, name).arrays
+
+
 # ---- rows of a fine-tuning split as columns
 # A schema maps each field to its kind: a numpy dtype (one number per row), TEXT (a string per row: UTF-8
 # bytes back to back with int64 `<name>_offsets`), TABLE (a hashable value or None per row: int32 index
@@ -234,6 +283,7 @@ class RowColumns(Sequence):
         self.tables: dict[str, list] = meta["tables"]
         self.key: str = meta["key"]
         self._length = int(meta["rows"])
+        self.directory: Path | None = None  # where the columns are mapped from
 
     # ---- writing and opening
     @classmethod
@@ -264,14 +314,13 @@ class RowColumns(Sequence):
         for name, kind in cls.SCHEMA.items():
             if kind == TEXT or isinstance(kind, dict):
                 offsets = columns[f"{name}_offsets"]
-                if len(offsets) != len(found) + 1 or (
-                    len(offsets) and offsets[-1] != _flat_count(columns, name, kind)
-                ):
+                flat = _flat_count(columns, name, kind)
+                if len(offsets) != len(found) + 1 or offsets[0] != 0 or offsets[-1] != flat:
                     raise ValueError(f"{directory}: {name}_offsets do not index {len(found)} rows")
             elif len(columns[name]) != len(found):
-                raise ValueError(
-                    f"{directory}: {name} holds {len(columns[name])} items for {len(found)} rows"
-                )
+                count = len(columns[name])
+                raise ValueError(f"{directory}: {name} holds {count} items for {len(found)} rows")
+        found.directory = directory
         return found
 
     @classmethod
@@ -288,18 +337,25 @@ class RowColumns(Sequence):
     ):
         """The rows `records()` gives for the files `sources`: converted once into `cache_dir` (keyed by
         the files' paths, sizes, mtimes and inodes) and mapped from there. No `cache_dir`: in memory."""
-        key = source_key(sources, [cls.KIND, cls.VERSION])
         if cache_dir is None:
-            return cls.build(records(), key)
+            return cls.build(records())
+        key = source_key(sources, [cls.KIND, cls.VERSION])
         final = Path(cache_dir) / f"{cls.KIND}-{key[:32]}"
         return cached_folder(final, key, lambda tmp: cls.write(records(), tmp, key), cls.open, cls.KIND)
 
-    # ---- pickling: mapped columns travel as their file names, a selection as data
+    # ---- pickling: mapped columns travel as their folder (mapped again on arrival), a selection as data
     def __getstate__(self) -> dict:
+        if self.directory is not None:
+            return {"directory": str(self.directory), "rows": self.rows}
         return {"columns": self.columns, "meta": self.meta, "rows": self.rows}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["columns"], state["meta"], state["rows"])
+        if "directory" in state:
+            found = type(self).open(state["directory"])
+            self.__init__(found.columns, found.meta, state["rows"])
+            self.directory = found.directory
+        else:
+            self.__init__(state["columns"], state["meta"], state["rows"])
 
     # ---- rows
     def __len__(self) -> int:
@@ -317,7 +373,16 @@ class RowColumns(Sequence):
 
     def select(self, keep: np.ndarray):
         """The rows where boolean `keep` is set, in order."""
-        return type(self)(self.columns, self.meta, self.base(np.nonzero(keep)[0]))
+        return self._with_rows(self.base(np.nonzero(keep)[0]))
+
+    def whole(self):
+        """All rows of the columns, as converted."""
+        return self._with_rows(None)
+
+    def _with_rows(self, rows: np.ndarray | None):
+        out = type(self)(self.columns, self.meta, rows)
+        out.directory = self.directory
+        return out
 
     def texts(self, name: str, indices) -> list[str]:
         """The strings of TEXT field `name` of rows `indices`."""
