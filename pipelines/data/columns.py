@@ -13,6 +13,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -164,9 +165,21 @@ def cached_arrays(
 # ---- rows of a fine-tuning split as columns
 # A schema maps each field to its kind: a numpy dtype (one number per row), TEXT (a string per row: UTF-8
 # bytes back to back with int64 `<name>_offsets`), TABLE (a hashable value or None per row: int32 index
-# into the meta's table of distinct values, -1 for None), or a dict {part: dtype | TABLE} (a list of
+# into the meta's table of distinct values, -1 for None; `Table("x")`: into table "x", shared with other
+# fields), or a dict {part: dtype | TABLE} (a list of
 # tuples per row, each part a flat column `<name>_<part>`, with int64 `<name>_offsets`).
-TEXT, TABLE = "text", "table"
+@dataclass(frozen=True)
+class Table:
+    """A field of values kept as indices into a table; `name`: the table's (None: the field's own)."""
+
+    name: str | None = None
+
+
+TEXT, TABLE = "text", Table()
+
+
+def _table_name(field: str, kind: Table) -> str:
+    return kind.name or field
 
 
 def _files(schema: dict) -> dict[str, np.dtype]:
@@ -175,7 +188,7 @@ def _files(schema: dict) -> dict[str, np.dtype]:
     for name, kind in schema.items():
         if kind == TEXT:
             out[name], out[f"{name}_offsets"] = np.dtype(np.uint8), np.dtype(np.int64)
-        elif kind == TABLE:
+        elif isinstance(kind, Table):
             out[name] = np.dtype(np.int32)
         elif isinstance(kind, dict):
             for part, sub in kind.items():
@@ -188,7 +201,7 @@ def _files(schema: dict) -> dict[str, np.dtype]:
 
 def _tables(schema: dict) -> list[str]:
     """The names of `schema`'s value tables (a field's, or a list part's `<name>_<part>`)."""
-    out = [name for name, kind in schema.items() if kind == TABLE]
+    out = list(dict.fromkeys(_table_name(n, k) for n, k in schema.items() if isinstance(k, Table)))
     for name, kind in schema.items():
         if isinstance(kind, dict):
             out += [f"{name}_{part}" for part, sub in kind.items() if sub == TABLE]
@@ -242,8 +255,9 @@ class ColumnWriter:
                 self.files[name].write(b"".join(encoded))
                 self.counts[name] += sum(map(len, encoded))
                 self._offsets(f"{name}_offsets", [len(e) for e in encoded])
-            elif kind == TABLE:
-                self._put(name, np.array([self._index(name, v) for v in values], np.int32))
+            elif isinstance(kind, Table):
+                table = _table_name(name, kind)
+                self._put(name, np.array([self._index(table, v) for v in values], np.int32))
             elif isinstance(kind, dict):
                 for k, (part, sub) in enumerate(kind.items()):
                     flat = [item[k] for v in values for item in v]
@@ -276,7 +290,7 @@ class RowColumns(Sequence):
     KIND: ClassVar[str]  # the cache folder's prefix
     VERSION: ClassVar[int]  # bump when the columns change meaning
     IMAGES: ClassVar[tuple[str, ...]]  # the TABLE fields naming a row's images, in the example's order
-    IMAGE_TABLE: ClassVar[str] = "image"  # the one table they all index (see `_shared_table`)
+    IMAGE_TABLE: ClassVar[str] = "image"  # the one table they all index
 
     def __init__(self, columns: dict[str, np.ndarray], meta: dict, rows: np.ndarray | None = None):
         self.columns, self.meta, self.rows = columns, meta, rows
@@ -392,7 +406,7 @@ class RowColumns(Sequence):
 
     def values(self, name: str, indices) -> list:
         """The values of TABLE field `name` of rows `indices` (None where a row has none)."""
-        table = self.tables[name]
+        table = self.tables[_table_name(name, self.SCHEMA[name])]
         return [None if i < 0 else table[i] for i in self.columns[name][self.base(indices)].tolist()]
 
     def items(self, name: str, i: int) -> list[tuple]:
