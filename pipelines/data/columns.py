@@ -347,13 +347,18 @@ class RowColumns(Sequence):
 
     @classmethod
     def load(
-        cls, records: Callable[[], Iterable[dict]], sources: Sequence[Path], cache_dir: str | Path | None
+        cls,
+        records: Callable[[], Iterable[dict]],
+        sources: Sequence[Path],
+        cache_dir: str | Path | None,
+        salt: object = None,
     ):
         """The rows `records()` gives for the files `sources`: converted once into `cache_dir` (keyed by
-        the files' paths, sizes, mtimes and inodes) and mapped from there. No `cache_dir`: in memory."""
+        the files' paths, sizes, mtimes and inodes, and `salt`: what else they depend on) and mapped from
+        there. No `cache_dir`: in memory."""
         if cache_dir is None:
             return cls.build(records())
-        key = source_key(sources, [cls.KIND, cls.VERSION])
+        key = source_key(sources, [cls.KIND, cls.VERSION, salt])
         final = Path(cache_dir) / f"{cls.KIND}-{key[:32]}"
         return cached_folder(final, key, lambda tmp: cls.write(records(), tmp, key), cls.open, cls.KIND)
 
