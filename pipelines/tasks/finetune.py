@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, read_config
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
-from pipelines.data.bad_records import bad_records, drop_bad, log_dropped
+from pipelines.data.bad_records import drop_bad
 from pipelines.data.columns import RowColumns
 from pipelines.data.examples import Example, check_images, unlabelled_keys
 from pipelines.data.image_refs import StoreImages
@@ -327,13 +327,8 @@ class FinetuneTask:
             rows = kept
         else:
             check_images(rows, self.features, f"{what} ({', '.join(files)})", skippable=True)
-        stored = {n: self.features.resolve(n) for n in rows.used_images()}
-        bad = bad_records(self.features, dict.fromkeys(stored.values()), self.config.skip_bad_records)
-        if not bad:
-            return rows
-        kept = rows.select_images(np.array([stored.get(n) not in bad for n in names], dtype=bool))
-        log_dropped(what, len(rows) - len(kept), len(rows), len(bad))
-        return kept
+        skip = self.config.skip_bad_records
+        return drop_bad(rows, self._stored_ids, self.features, skip, what, self.features.resolve)
 
     def _stored_ids(self, example: Example) -> list[str]:
         """The store's ids of an example's images (found by the one reference rule)."""
