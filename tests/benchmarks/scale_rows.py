@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+TREE_VARIABLE = "SCALE_ROWS_TREE"  # the checkout a measuring process imports the package from
+sys.path.insert(0, os.environ.get(TREE_VARIABLE, str(REPO)))
 
 from tests.benchmarks.scale_corpus import _rollup, _words, _worker_memory, write_store  # noqa: E402
 
@@ -160,7 +161,10 @@ def _child(args: dict) -> dict:
                 peak[pid] = tuple(max(a, b) for a, b in zip(peak.get(pid, mem), mem, strict=True))
     elapsed = time.perf_counter() - tick
     growth = [peak[pid][0] - base[pid][0] for pid in base]
+    import pipelines
+
     return {
+        "package": str(Path(pipelines.__file__).parents[1]),  # the tree measured
         "questions": len(dataset),
         "build_s": build,
         "first_batch_s": first,
@@ -172,7 +176,7 @@ def _child(args: dict) -> dict:
 
 
 def _run_child(tree: Path, args: dict) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(tree), TOKENIZERS_PARALLELISM="true")
+    env = dict(os.environ, PYTHONPATH=str(tree), TOKENIZERS_PARALLELISM="true", **{TREE_VARIABLE: str(tree)})
     done = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(args)],
         env=env,
