@@ -406,8 +406,9 @@ class RowColumns(Sequence):
     def texts(self, name: str, indices) -> list[str]:
         """The strings of TEXT field `name` of rows `indices`."""
         offsets, blob = self.columns[f"{name}_offsets"], self.columns[name]
-        at = self.base(indices).tolist()
-        return [bytes(blob[offsets[i] : offsets[i + 1]]).decode("utf-8") for i in at]
+        at = self.base(indices)
+        spans = zip(offsets[at].tolist(), offsets[at + 1].tolist(), strict=True)
+        return [bytes(blob[lo:hi]).decode("utf-8") for lo, hi in spans]
 
     def values(self, name: str, indices) -> list:
         """The values of TABLE field `name` of rows `indices` (None where a row has none)."""
