@@ -480,7 +480,8 @@ class CaptionDataset(Dataset):
     def _captions(self, i: int) -> list[np.ndarray]:
         lo, hi = self.image_offsets[i : i + 2].tolist()
         cuts = self.caption_offsets[lo : hi + 1].tolist()
-        return [self.ids[a:b].astype(np.int64) for a, b in zip(cuts, cuts[1:], strict=False)]
+        ids = np.asarray(self.ids)  # slices without a memmap object each
+        return [ids[a:b].astype(np.int64) for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def __getitems__(self, indices) -> ExampleBatch:
         idx = np.asarray(indices, dtype=np.int64)

@@ -405,10 +405,11 @@ class RowColumns(Sequence):
 
     def texts(self, name: str, indices) -> list[str]:
         """The strings of TEXT field `name` of rows `indices`."""
-        offsets, blob = self.columns[f"{name}_offsets"], self.columns[name]
+        offsets = self.columns[f"{name}_offsets"]
+        blob = memoryview(np.asarray(self.columns[name]))  # slices without a memmap object each
         at = self.base(indices)
         spans = zip(offsets[at].tolist(), offsets[at + 1].tolist(), strict=True)
-        return [bytes(blob[lo:hi]).decode("utf-8") for lo, hi in spans]
+        return [str(blob[lo:hi], "utf-8") for lo, hi in spans]
 
     def values(self, name: str, indices) -> list:
         """The values of TABLE field `name` of rows `indices` (None where a row has none)."""
