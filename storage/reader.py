@@ -39,6 +39,7 @@ _KEYS_PER_TXN = 4096
 
 
 _WATCH_EVERY = 16
+_MAX_HINTED = 1 << 16
 
 
 def major_faults() -> int:
@@ -96,6 +97,9 @@ class _Shard:
         # whether reads are requested ahead: until a read finds all its pages in memory, and again from
         # the first read that waits for the disk (a warm store then pays no call per value)
         self.ahead = True
+        # keys asked for ahead of their read (`request(..., ahead=True)`), not read since: their read asks
+        # nothing more, and does not take their pages, found in memory, for a warm store
+        self.hinted: set[bytes] = set()
         self.probe = hasattr(os, "preadv") and hasattr(os, "RWF_NOWAIT")
         self._scratch = bytearray()
         self._unwatched = 0  # warm single reads since one was watched (`get`)
@@ -134,7 +138,7 @@ class _Shard:
             os.close(self._fd)
             self._fd = None
 
-    def request(self, keys: Iterable[bytes]) -> int:
+    def request(self, keys: Iterable[bytes], ahead: bool = False) -> int:
         """Ask the disk for the value pages of every one of `keys` at once, before any is read: lmdb's
         reads (py-lmdb touches each page of a value as it looks it up) would otherwise fault a cold value
         in one page, one disk read, at a time. Where the values lie comes from the walk of the tree made
@@ -144,8 +148,24 @@ class _Shard:
 
         A warm store pays no call per value: when every value asked for is already in memory, requests
         stop until a read waits for the disk again (`settle`). Returns the thread's major fault count,
-        for `settle`."""
+        for `settle`.
+
+        `ahead`: the keys are not read now but soon (the next batch, while this one is being used): their
+        pages are asked for, and their read then asks nothing more. Whether the store is warm is judged
+        here, before asking, never from pages this reader itself asked for."""
         walk = self._walk
+        if ahead:
+            if not (self.ahead and walk):
+                return major_faults()
+            keys = [key for key in keys if key not in self.hinted]
+            if len(self.hinted) > _MAX_HINTED:  # hints nobody read: the order was not the one guessed
+                self.hinted.clear()
+            self.hinted.update(keys)
+        elif self.hinted:
+            keys = list(keys)
+            asked = self.hinted.intersection(keys)
+            self.hinted -= asked
+            keys = [key for key in keys if key not in asked]
         spans = sorted(span for key in keys for span in walk.spans(key)) if self.ahead and walk else ()
         if not spans:
             return major_faults()
@@ -517,6 +537,14 @@ class FeatureReader:
                 shard.views -= 1
                 txn.abort()
 
+    def request_ahead(self, img_ids: Iterable[str]) -> None:
+        """Ask the disk now for the records of `img_ids`, to be read soon (by `read_batch`, `[]` or `get`):
+        a loader asks for its next batch before it reads and uses this one, so the disk works while the
+        CPU does. Nothing is read; a warm store pays for nothing."""
+        keys = [img_id.encode("utf-8") for img_id in img_ids]
+        for shard in self.shards:
+            shard.request(keys, ahead=True)
+
     def read_batch(
         self, img_ids: Sequence[str], width: int | None = None, alloc: Allocator = np.empty
     ) -> RegionBatch:
@@ -661,17 +689,26 @@ class _View:
                 return index, value
         return None
 
-    def __getitem__(self, img_id: str) -> RegionFeatures:
+    def read(self, img_id: str) -> tuple[RegionFeatures, int] | None:
+        """(record, index of the shard it was read from) of `img_id`, unchecked, or None when no shard
+        holds it."""
         found = self._lookup(img_id)
         if found is None:
             key = img_id.encode("utf-8")
             for shard, _ in self._pairs:
                 shard.hidden(key)
-            raise KeyError(img_id)
+            return None
         index, value = found
         rec = codec.decode(value, img_id.encode("utf-8"))
         if rec.img_id != img_id:
             raise wrong_record(self._pairs[index][0].path, img_id, rec.img_id)
+        return rec, index
+
+    def __getitem__(self, img_id: str) -> RegionFeatures:
+        found = self.read(img_id)
+        if found is None:
+            raise KeyError(img_id)
+        rec, index = found
         if self._check is not None:
             self._check(rec, index)
         return rec

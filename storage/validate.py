@@ -131,7 +131,12 @@ def _class_probs_problem(probs: np.ndarray | None, n: int, slack: float) -> str 
 
 def bad_record(rec: RegionFeatures, store: object, reason: str) -> BadRecordError:
     """The error for a record that failed `problem`, naming it and its store."""
+    return bad_record_named(rec.img_id, store, reason)
+
+
+def bad_record_named(img_id: str, store: object, reason: str) -> BadRecordError:
+    """The error for record `img_id` of `store`, found to fail `problem` for `reason`."""
     return BadRecordError(
-        f"record {rec.img_id!r} of store {store} is unusable: {reason}; skip such records with "
+        f"record {img_id!r} of store {store} is unusable: {reason}; skip such records with "
         "--skip-bad-records, or re-extract the image"
     )

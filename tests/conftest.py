@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray runs its workers at nice 15 by default, so on a machine busy with other work (CI's neighbours) an
 # actor's start-up can starve for many minutes: the tests' own clusters run theirs at normal priority.
 os.environ.setdefault("RAY_worker_niceness", "0")
+# caches the code keeps between runs (cached stores, record checks) go to a folder of this test session,
+# never to the user's ~/.cache/xmodal
+if "XMODAL_CACHE" not in os.environ:
+    os.environ["XMODAL_CACHE"] = tempfile.mkdtemp(prefix="xmodal-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["XMODAL_CACHE"], True)
 
 
 @pytest.fixture(scope="session")

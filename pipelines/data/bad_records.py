@@ -12,6 +12,7 @@ import numpy as np
 
 from pipelines.data.columns import RowColumns
 from storage import FeatureReader
+from storage.checks import check_records
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +21,10 @@ E = TypeVar("E")
 
 def bad_records(features: FeatureReader, ids: Iterable[str], skip: bool) -> dict[str, str]:
     """id -> reason for each record of `ids` that fails the checks; without `skip` the first one raises
-    storage.BadRecordError (one line: the record, the store, the fix). Ids must be in the store."""
-    checker = FeatureReader(features.paths, validate=True, skip_bad=skip)
-    for img_id in ids:
-        checker.get(img_id)  # with `skip` a bad record is logged once and kept in `skipped`
-    return dict(checker.skipped)
+    storage.BadRecordError (one line: the record, the store, the fix). Ids must be in the store. Checked
+    in file order and remembered for the store's snapshot (storage.checks): a second run on an unchanged
+    store reads none of them again."""
+    return check_records(features, ids, skip)
 
 
 def drop_bad(

@@ -483,6 +483,10 @@ class CaptionDataset(Dataset):
         ids = np.asarray(self.ids)  # slices without a memmap object each
         return [ids[a:b].astype(np.int64) for a, b in zip(cuts, cuts[1:], strict=False)]
 
+    def request_ahead(self, indices) -> None:
+        """Ask the store now for the regions of images `indices` (`FeatureReader.request_ahead`)."""
+        self.features.request_ahead(self.examples.image_ids(np.asarray(indices, dtype=np.int64)))
+
     def __getitems__(self, indices) -> ExampleBatch:
         idx = np.asarray(indices, dtype=np.int64)
         return ExampleBatch.read(

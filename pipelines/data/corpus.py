@@ -17,7 +17,7 @@ import numpy as np
 
 from model.files import regular_file
 from pipelines.data import columns
-from pipelines.data.answers import PairAnswers, answer_counts, answer_labels, flat_entries
+from pipelines.data.answers import ROWS_STEP, PairAnswers, answer_counts, answer_labels, flat_entries
 from pipelines.data.columns import cached_folder, column_tokens, map_column, text_chunks
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,9 @@ COLUMNS = {
     "answer_scores": np.float64,
     "answer_offsets": np.int64,
 }
+
+
+PAIRS_STEP = ROWS_STEP  # pairs whose answers are sorted together
 
 
 def sentence_hashes(sents: Iterable[bytes]) -> np.ndarray:
@@ -386,16 +389,17 @@ class PretrainCorpus(Sequence):
     # ---- answers
     def answer_counts(self, normalize) -> dict[str, int]:
         """For each answer as `normalize` gives it, the number of selected questions listing it."""
-        return answer_counts(self.answer_names, self._entries(), len(self), normalize)
+        return answer_counts(self.answer_names, self._entries, len(self), normalize, PAIRS_STEP)
 
-    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every answer entry of the selected pairs: (pair index within the selection, answer id, score)."""
+    def _entries(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every answer entry of selected pairs lo..hi-1: (pair index - lo, answer id, score)."""
         c = self.columns
-        return flat_entries(c["answer_offsets"], c["answer_ids"], c["answer_scores"], self.rows)
+        return flat_entries(c["answer_offsets"], c["answer_ids"], c["answer_scores"], self.rows, lo, hi)
 
     def answer_labels(self, table) -> PairAnswers:
-        """Each selected pair's answers as labels of `table` (see `answers.answer_labels`), flat."""
-        return answer_labels(self.answer_names, self._entries(), len(self), table)
+        """Each selected pair's answers as labels of `table` (see `answers.answer_labels`), flat, made
+        PAIRS_STEP pairs at a time."""
+        return answer_labels(self.answer_names, self._entries, len(self), table, PAIRS_STEP)
 
 
 def _in_memory(corpus: PretrainCorpus) -> PretrainCorpus:

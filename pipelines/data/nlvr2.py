@@ -139,6 +139,10 @@ class NLVR2Dataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    def request_ahead(self, indices) -> None:
+        """Ask the store now for both images of statements `indices` (`FeatureReader.request_ahead`)."""
+        self.features.request_ahead(self.examples.image_ids(np.asarray(indices, dtype=np.int64)))
+
     def __getitems__(self, indices) -> ExampleBatch:
         idx = np.asarray(indices, dtype=np.int64)
         labels = self.labels[idx].astype(np.int64)

@@ -154,6 +154,10 @@ class PretrainDataset(Dataset):
     def __len__(self) -> int:
         return len(self.examples)
 
+    def request_ahead(self, indices) -> None:
+        """Ask the store now for the regions of examples `indices` (`FeatureReader.request_ahead`)."""
+        self.features.request_ahead(self.examples.image_ids(np.asarray(indices, dtype=np.int64)))
+
     def __getitems__(self, indices) -> PretrainBatch:
         idx = np.asarray(indices, dtype=np.int64)
         answer_labels, answer_scores = self.answers.gather(idx)

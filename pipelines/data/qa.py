@@ -266,17 +266,17 @@ class QARows(RowColumns):
     def unlabelled_keys(self) -> list[int | str]:
         return self.keys(np.nonzero(~np.asarray(self.column("labelled")))[0])
 
-    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _entries(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         c = self.columns
-        return flat_entries(c["answer_offsets"], c["answer_ids"], c["answer_scores"], self.rows)
+        return flat_entries(c["answer_offsets"], c["answer_ids"], c["answer_scores"], self.rows, lo, hi)
 
     def answer_counts(self, normalize) -> Counter[str]:
         """For each answer as `normalize` gives it, the number of selected questions listing it."""
-        return answer_counts(self.tables["answer_ids"], self._entries(), len(self), normalize)
+        return answer_counts(self.tables["answer_ids"], self._entries, len(self), normalize)
 
     def answer_labels(self, table: AnswerTable) -> PairAnswers:
         """Each selected question's answers as labels of `table` (as `AnswerTable.labels`), flat."""
-        return answer_labels(self.tables["answer_ids"], self._entries(), len(self), table)
+        return answer_labels(self.tables["answer_ids"], self._entries, len(self), table)
 
     def targets(self, table: AnswerTable, cache_dir: str | Path | None) -> PairAnswers:
         """Every question's answers (all rows of the columns, not just the selected: index them with
@@ -361,6 +361,10 @@ class QADataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.examples)
+
+    def request_ahead(self, indices) -> None:
+        """Ask the store now for the regions of questions `indices` (`FeatureReader.request_ahead`)."""
+        self.features.request_ahead(self.examples.image_ids(np.asarray(indices, dtype=np.int64)))
 
     def __getitems__(self, indices) -> QABatch:
         idx = np.asarray(indices, dtype=np.int64)

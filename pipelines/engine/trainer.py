@@ -206,6 +206,7 @@ class BatchDataset(Dataset):
         return math.ceil(len(self.order) / self.micro_batch)
 
     def __getitem__(self, g: int) -> dict:
+        self._ask_ahead(g)
         ids = [int(i) for i in self.order[g * self.micro_batch : (g + 1) * self.micro_batch]]
         # a dataset that reads a whole micro-batch at once (one store transaction, columns instead of
         # per-example dicts) says so the way torch's DataLoader expects: `__getitems__`
@@ -213,6 +214,18 @@ class BatchDataset(Dataset):
         items = take(ids) if take is not None else [self.dataset[i] for i in ids]
         batch = self.collate(items, np.random.default_rng([*self.key, g]))
         return for_transfer(batch) if get_worker_info() is not None else batch
+
+    def _ask_ahead(self, g: int) -> None:
+        """Ask the dataset's store for the batch this process reads after g (a loader worker is handed
+        every n-th batch of the pass, n the number of workers), so the disk reads it while batch g is read,
+        collated and used: the two overlap where a cold store would have them take turns."""
+        ahead = getattr(self.dataset, "request_ahead", None)
+        if ahead is None:
+            return
+        info = get_worker_info()
+        after = g + (info.num_workers if info is not None else 1)
+        if after < len(self):
+            ahead([int(i) for i in self.order[after * self.micro_batch : (after + 1) * self.micro_batch]])
 
 
 def validation_interval(steps_per_epoch: int) -> int:

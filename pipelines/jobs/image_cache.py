@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import replace
@@ -15,16 +14,11 @@ from pathlib import Path
 from pipelines.data.image_refs import IMAGE_SUFFIXES, AmbiguousImage, ImageIds
 from pipelines.jobs.extract.config import ExtractConfig, grid_config
 from pipelines.jobs.image_inputs import InputError, iter_images
+from storage.checks import cache_root
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "XMODAL_CACHE"  # where cached stores go; default ~/.cache/xmodal
 MAX_NAMED = 5
-
-
-def cache_root() -> Path:
-    """`$XMODAL_CACHE`, else `~/.cache/xmodal`."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "xmodal")
 
 
 def cache_store_path(images: str | Path, cfg: ExtractConfig, cache: str | Path | None = None) -> Path:

@@ -13,6 +13,8 @@ one an earlier `--keep` run left (`--store`), then in the same run:
   otherwise the figures say so and, on a store larger than RAM, are mostly cold anyway), and warm: the
   same batches read a second time by one loader process. Rates count from the first batch delivered
   (worker start-up is paid once per epoch);
+- the trainer's start-up check of every record the run reads (storage.checks: file order, pages
+  requested together), cold, and again on the unchanged store (from what the first one remembered);
 - the corpus figures (tests/benchmarks/scale_corpus.py `measure_corpus`, when present) for `--pairs`.
 
 `ratio` = cold records/s of one loader process / (0.5 x the disk's 1-thread rate): the target, one loader
@@ -199,6 +201,27 @@ def measure_loader(spec: dict) -> dict:
     return {"rps": run(True), "note": spec.get("note")}
 
 
+def check_time(store: Path, count: int, memo: Path) -> dict:
+    """Seconds the trainer's start-up check of every record (storage.checks) takes on the cold store, and
+    again on the unchanged store (answered from what the first one kept in `memo`)."""
+    from storage import FeatureReader
+    from storage.checks import check_records
+
+    out = {}
+    for name in ("check_s", "check_again_s"):
+        note = drop_caches()
+        start = time.perf_counter()
+        reader = FeatureReader(store)
+        bad = check_records(reader, (img_id(i) for i in range(count)), skip=True, cache=memo)
+        out[name] = round(time.perf_counter() - start, 1)
+        reader.close()
+        if bad:
+            raise SystemExit(f"the start-up check found {len(bad)} bad records in {store}")
+    out["check_rps"] = round(count / out["check_s"]) if out["check_s"] else None
+    out["check_note"] = note
+    return out
+
+
 def loader_rate(spec: dict, tree: Path = REPO) -> dict:
     """`measure_loader(spec)` in a fresh process importing the package from `tree`."""
     code = "import json, sys, bench_scale as b; print(json.dumps(b.measure_loader(json.loads(sys.argv[1]))))"
@@ -281,6 +304,9 @@ def main() -> int:
             cold[str(workers)] = got["rps"]
             notes.add(got["note"])
             print(f"cold, {workers} loader processes: {got['rps']:,.0f} records/s", flush=True)
+        check = check_time(store, count, work / "record-checks")
+        print(f"start-up check of {count} records: {check['check_s']} s cold, {check['check_again_s']} s "
+              "again", flush=True)  # fmt: skip
         warm_batches = max(2, min(spec["batches"], int(0.25 * ram // (BATCH * per_record))))
         warm = loader_rate({**spec, "batches": warm_batches, "workers": 1, "seed": 9, "cold": False,
                             "repeat": True})["rps"]  # fmt: skip
@@ -293,7 +319,7 @@ def main() -> int:
                                                     "cold": False, "repeat": True}, tree)["rps"])  # fmt: skip
             print(f"{args.compare}: cold, 1 loader process {before['cold_rps_1']:,} records/s, warm "
                   f"{before['warm_rps']:,}", flush=True)  # fmt: skip
-        corpus = corpus_figures(args.pairs, work)
+        corpus = corpus_figures(args.pairs, work / "corpus")  # its own folder: it removes what it wrote
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -307,6 +333,7 @@ def main() -> int:
         "disk_rps_4": round(disk[4]),
         "cold_rps": {k: round(v) for k, v in cold.items()},
         "warm_rps": round(warm),
+        **{k: check[k] for k in ("check_s", "check_rps", "check_again_s")},
         **{k: corpus[k] for k in ("pairs", "first_batch_s", "first_batch_cached_s", "driver_rss_gb")},
         **{k: corpus[k] for k in ("worker_growth_gb", "pairs_sps", "small_sps")},
         "ratio": round(cold["1"] / (0.5 * disk[1]), 3),
@@ -327,6 +354,8 @@ def main() -> int:
         ref = disk[1] if workers == "1" else disk[4]
         print(f"{f'cold, {workers} loader processes':<44}{rps:>12,.0f}{rps / ref:>10.2f}")
     print(f"{'warm, 1 loader process':<44}{warm:>12,.0f}")
+    print(f"{'start-up check of every record, cold':<44}{check['check_rps']:>12,}{check['check_s']:>9} s")
+    print(f"{'start-up check again, store unchanged':<44}{'':>12}{check['check_again_s']:>9} s")
     for key in ("pairs", "first_batch_s", "first_batch_cached_s", "driver_rss_gb", "worker_growth_gb"):
         print(f"{key:<44}{corpus[key]!s:>12}")
     print(json.dumps(result))

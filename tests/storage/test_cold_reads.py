@@ -202,6 +202,33 @@ def test_reads_are_requested_ahead_only_while_they_wait_for_the_disk(store, call
     assert kinds == ["request", "decode", "decode", "request", "request"]
 
 
+def test_a_batch_asked_for_ahead_is_not_asked_for_again(store, calls, in_memory):
+    """`request_ahead` asks for the next batch's values while this one is used; reading it later asks
+    nothing more (and does not judge the store warm from pages the reader itself asked for), while ids
+    not asked for ahead are requested with their read as before."""
+    ahead, other = ["img_000006", "img_000002"], ["img_000004"]
+    pages, all_pages = value_pages(store, ahead), value_pages(store, ahead + other)
+    reader = FeatureReader(store)
+    calls.clear()
+    reader.request_ahead(ahead)
+    assert [kind for kind, _ in calls] == ["request"]
+    assert sorted(pages_of(calls[0][1])) == sorted(pages)
+    calls.clear()
+    in_memory[0] = True  # they have arrived: a probe now would take the store for warm
+    reader.read_batch(ahead)
+    assert [kind for kind, _ in calls] == ["decode", "decode"]
+    in_memory[0] = False
+    calls.clear()
+    reader.read_batch(ahead + other)
+    assert calls[0][0] == "request" and sorted(pages_of(calls[0][1])) == sorted(all_pages)
+    # a warm store (the probe finds the values in memory before they are asked for) is asked for nothing
+    in_memory[0] = True
+    calls.clear()
+    reader.request_ahead(other)
+    reader.request_ahead(ahead)
+    assert calls == []
+
+
 def test_the_page_cache_probe(store):
     """The probe behind that, on the file alone (no reader maps it): evicted from the page cache the
     values are not in memory, read once they are."""

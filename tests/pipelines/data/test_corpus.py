@@ -131,6 +131,8 @@ def _assert_same(a: dict, b: dict, where: str) -> None:
 def test_columns_give_the_object_paths_examples_and_batches(data, tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(corpus_mod, "READ_CHUNK", chunk)  # 37 characters: elements cut at every spot
     monkeypatch.setattr(corpus_mod, "FLUSH_PAIRS", 5)  # columns appended in many pieces
+    if chunk == 37:  # answers counted and labelled a few pairs at a time
+        monkeypatch.setattr(corpus_mod, "PAIRS_STEP", 4)
     _, store, train_files, valid_files, _ = data
     cfg = _config(data, tmp_path / "cache")
     task = PretrainTask(cfg)

@@ -4,6 +4,7 @@ the same pre-training batches whatever the loader workers or the resume point, a
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -354,3 +355,35 @@ def test_finetune_batches_do_not_depend_on_workers_or_resume(store, tmp_path):
         _assert_same(a, b)
     for a, b in zip(alone[3:], _nlvr2_batches(data, 1, every[3:]), strict=True):  # resumed at batch 3
         _assert_same(a, b)
+
+
+class _Asking(torch.utils.data.Dataset):
+    """Items are their indices; records which indices it was asked to fetch ahead."""
+
+    def __init__(self, size: int):
+        self.size, self.asked = size, []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitems__(self, indices):
+        return list(indices)
+
+    def request_ahead(self, indices) -> None:
+        self.asked.append(list(indices))
+
+
+def test_each_batch_asks_for_the_batch_its_process_reads_next(monkeypatch):
+    import pipelines.engine.trainer as trainer
+
+    order = np.random.default_rng(0).permutation(22)
+    data = _Asking(22)
+    batches = BatchDataset(data, lambda items, rng: items, order, 4, (0,))
+    assert batches[1] == order[4:8].tolist()
+    assert data.asked == [order[8:12].tolist()]  # alone: the next batch
+    batches[5]  # the last (short) batch: nothing after it
+    assert data.asked == [order[8:12].tolist()]
+    # a loader worker of three is handed every third batch
+    monkeypatch.setattr(trainer, "get_worker_info", lambda: types.SimpleNamespace(num_workers=3, id=1))
+    batches[1]
+    assert data.asked[-1] == order[16:20].tolist()
