@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from model.files import read_json
 
@@ -157,3 +159,118 @@ class AnswerTable:
             if i is not None:
                 out[i] = max(out.get(i, 0.0), float(score))
         return out
+
+
+# ---- answers of many rows as flat columns: each row's (answer id, score) entries back to back
+ROWS_STEP = 1 << 20  # rows whose answers are sorted together
+
+
+def flat_entries(
+    offsets: np.ndarray, ids: np.ndarray, scores: np.ndarray, rows: np.ndarray | None, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every answer entry of selected rows lo..hi-1 of flat answer columns (`rows`: the selection, None:
+    all rows): (row index - lo, answer id, score)."""
+    if rows is None:  # consecutive entries: slices of the columns
+        bounds = np.asarray(offsets[lo : hi + 1], dtype=np.int64)
+        pairs = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(bounds))
+        first, last = int(bounds[0]), int(bounds[-1])
+        return pairs, ids[first:last], scores[first:last]
+    at = rows[lo:hi]
+    start, stop = offsets[at], offsets[at + 1]
+    counts = stop - start
+    pairs = np.repeat(np.arange(hi - lo, dtype=np.int64), counts)
+    starts = np.repeat(start - (np.cumsum(counts) - counts), counts)
+    entry = starts + np.arange(int(counts.sum()), dtype=np.int64)
+    return pairs, np.asarray(ids[entry]), np.asarray(scores[entry])
+
+
+Entries = Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def answer_counts(
+    names: list[str], entries: Entries, rows: int, normalize, step: int = ROWS_STEP
+) -> Counter[str]:
+    """For each answer of `names` as `normalize` gives it, the number of rows whose `entries(lo, hi)`
+    (`flat_entries`) list it; `step` rows at a time."""
+    norm_names: dict[str, int] = {}
+    norm_of = np.array([norm_names.setdefault(normalize(a), len(norm_names)) for a in names], np.int64)
+    width = max(len(norm_names), 1)
+    counts = np.zeros(width, np.int64)
+    for lo in range(0, rows, step):
+        pairs, ids, _ = entries(lo, min(lo + step, rows))
+        if not len(ids):
+            continue
+        keys = np.sort(pairs * width + norm_of[ids])  # np.unique hashes: 20x slower
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+        counts += np.bincount(keys % width, minlength=width)
+    found = list(norm_names)
+    return Counter({found[k]: int(n) for k, n in enumerate(counts.tolist()) if n})
+
+
+def answer_labels(
+    names: list[str], entries: Entries, rows: int, table: AnswerTable, step: int = ROWS_STEP
+) -> PairAnswers:
+    """Each row's answers (`entries(lo, hi)` over answers `names`) as labels of `table`, as
+    `AnswerTable.labels` gives them: answers not in the table left out, the best score, at least 0, for
+    answers sharing a label; flat. Made `step` rows at a time: the sorts' scratch arrays stay small
+    whatever the number of rows."""
+    lookup = np.array([table.get(a, -1) for a in names] or [-1], dtype=np.int64)
+    counts = np.zeros(rows, np.int64)
+    out_labels, out_scores = [], []
+    for lo in range(0, rows, step):
+        hi = min(lo + step, rows)
+        pairs, ids, scores = entries(lo, hi)
+        labels = lookup[ids] if len(ids) else np.zeros(0, np.int64)
+        known = labels >= 0
+        pairs, labels, scores = pairs[known], labels[known], np.asarray(scores)[known]
+        position = np.arange(len(pairs))
+        # group each row's entries by label: first position and best score per group
+        order = np.lexsort((position, labels, pairs))
+        pairs, labels, scores, position = pairs[order], labels[order], scores[order], position[order]
+        start = np.ones(len(pairs), bool)
+        start[1:] = (pairs[1:] != pairs[:-1]) | (labels[1:] != labels[:-1])
+        starts = np.nonzero(start)[0]
+        best = np.maximum(np.maximum.reduceat(scores, starts), 0.0) if starts.size else scores[:0]
+        g_pairs, g_labels, g_first = pairs[starts], labels[starts], position[starts]
+        keep = np.lexsort((g_first, g_pairs))
+        out_labels.append(g_labels[keep].astype(np.int64))
+        out_scores.append(best[keep].astype(np.float32))
+        counts[lo:hi] = np.bincount(g_pairs, minlength=hi - lo)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
+    scores = np.concatenate(out_scores) if out_scores else np.zeros(0, np.float32)
+    return PairAnswers(labels, scores, offsets)
+
+
+class PairAnswers:
+    """Each pair's (label, soft score) answers, flat with offsets; `gather` gives a batch's (B, K) arrays,
+    K the most answers any pair has (at least 1)."""
+
+    def __init__(self, labels: np.ndarray, scores: np.ndarray, offsets: np.ndarray):
+        self.labels, self.scores, self.offsets = labels, scores, offsets
+        counts = np.diff(offsets)
+        self.width = max(1, int(counts.max(initial=0)))
+
+    @classmethod
+    def from_lists(cls, answers: Sequence[Sequence[tuple[int, float]]]) -> PairAnswers:
+        counts = np.array([len(a) for a in answers], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        labels = np.array([label for a in answers for label, _ in a], dtype=np.int64)
+        scores = np.array([score for a in answers for _, score in a], dtype=np.float32)
+        return cls(labels, scores, offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, K) int64 labels (-100 pads) and float32 soft scores of pairs `indices`."""
+        lo = self.offsets[indices]
+        counts = self.offsets[indices + 1] - lo
+        inside = np.arange(self.width)[None, :] < counts[:, None]
+        at = np.minimum(lo[:, None] + np.arange(self.width)[None, :], max(len(self.labels) - 1, 0))
+        if not len(self.labels):
+            return np.full(inside.shape, -100, np.int64), np.zeros(inside.shape, np.float32)
+        return (
+            np.where(inside, self.labels[at], -100).astype(np.int64),
+            np.where(inside, self.scores[at], 0.0).astype(np.float32),
+        )

@@ -8,6 +8,9 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
+from pipelines.data.columns import RowColumns
 from storage import FeatureReader
 from storage.checks import check_records
 
@@ -30,18 +33,29 @@ def drop_bad(
     features: FeatureReader,
     skip: bool,
     what: str,
-) -> list[E]:
-    """`examples` without those reading a bad record (see `bad_records`); says how many were dropped."""
-    ids = dict.fromkeys(img for ex in examples for img in images(ex))
-    bad = bad_records(features, ids, skip)
-    if not bad:
-        return list(examples)
-    kept = [ex for ex in examples if not any(img in bad for img in images(ex))]
-    log.warning(
-        "%s: skipped %d of %d examples reading %d bad records (--skip-bad-records)",
-        what,
-        len(examples) - len(kept),
-        len(examples),
-        len(bad),
-    )
+    resolve: Callable[[str], str] | None = None,
+) -> Sequence[E]:
+    """`examples` without those reading a bad record (see `bad_records`); says how many were dropped.
+    `RowColumns` are checked image by image of their image table, each name through `resolve` (the
+    store's id of an image reference)."""
+    if isinstance(examples, RowColumns):
+        stored = {name: (resolve or str)(name) for name in examples.used_images()}
+        bad = bad_records(features, dict.fromkeys(stored.values()), skip)
+        if not bad:
+            return examples
+        usable = np.array([stored.get(n) not in bad for n in examples.image_names], dtype=bool)
+        kept = examples.select_images(usable)
+    else:
+        ids = dict.fromkeys(img for ex in examples for img in images(ex))
+        bad = bad_records(features, ids, skip)
+        if not bad:
+            return list(examples)
+        kept = [ex for ex in examples if not any(img in bad for img in images(ex))]
+    log_dropped(what, len(examples) - len(kept), len(examples), len(bad))
     return kept
+
+
+def log_dropped(what: str, dropped: int, total: int, bad: int) -> None:
+    log.warning(
+        "%s: skipped %d of %d examples reading %d bad records (--skip-bad-records)", what, dropped, total, bad
+    )

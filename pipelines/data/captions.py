@@ -3,18 +3,21 @@ vocabulary."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from model.files import JSON_LIMIT, MAX_DEPTH, nesting_depth, read_json, read_text
+from pipelines.data.columns import TABLE, TEXT, RowColumns, cached_arrays
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.image_refs import image_ref
 from pipelines.data.row_files import DATASETS_SUFFIXES, json_cell, kind_of, rows_and_problems
@@ -359,33 +362,138 @@ def load_caption_examples(
     return out
 
 
+def load_caption_rows(
+    specs: str | Path | Iterable[str | Path], split: str | None = None, cache_dir: str | Path | None = None
+) -> CaptionRows:
+    """The images `load_caption_examples` reads, as columns: converted once into `cache_dir` (keyed by the
+    files and the splits asked for) and mapped from there; in memory without one."""
+    specs = [specs] if isinstance(specs, (str, Path)) else list(specs)
+    paths = [split_spec(spec, split)[0] for spec in specs]
+    if not all(p.is_file() for p in paths):  # a folder, or a missing file refused while reading
+        cache_dir = None
+    salt = [str(s) for s in specs] + [split]
+    return CaptionRows.load(
+        lambda: map(_caption_columns, load_caption_examples(specs, split)), paths, cache_dir, salt
+    )
+
+
+def _caption_columns(e: CaptionExample) -> dict:
+    refs = None if e.label is None else [list(c) for c in e.label]
+    return {
+        "key": str(e.image_id),
+        "key_int": isinstance(e.image_id, int),
+        "image": e.img_id,
+        "refs": json.dumps([refs, list(e.raw)], ensure_ascii=False),
+    }
+
+
+class CaptionRows(RowColumns):
+    """Images to caption as columns (see `RowColumns`); item i is image i's `CaptionExample`, built on
+    demand."""
+
+    SCHEMA: ClassVar[dict] = {
+        "key": TEXT,  # the COCO id or the image's reference, as text; `key_int`: it was a number
+        "key_int": np.bool_,
+        "image": TABLE,
+        "refs": TEXT,  # JSON [tokenised references or null, raw captions]
+    }
+    KIND = "caption-rows"
+    VERSION = 1
+    IMAGES = ("image",)
+
+    @classmethod
+    def from_examples(cls, examples: Sequence[CaptionExample]) -> CaptionRows:
+        return cls.build(map(_caption_columns, examples))
+
+    def keys(self, indices) -> list[int | str]:
+        flags = self.columns["key_int"][self.base(indices)].tolist()
+        return [int(k) if n else k for k, n in zip(self.texts("key", indices), flags, strict=True)]
+
+    def references(self, indices) -> list[tuple[tuple[tuple[str, ...], ...] | None, tuple[str, ...]]]:
+        """(tokenised references or None, raw captions) of rows `indices`."""
+        out = []
+        for text in self.texts("refs", indices):
+            refs, raw = json.loads(text)
+            out.append((None if refs is None else tuple(tuple(c) for c in refs), tuple(raw)))
+        return out
+
+    def example(self, i: int) -> CaptionExample:
+        label, raw = self.references([i])[0]
+        return CaptionExample(self.keys([i])[0], self.image_ids([i])[0], label, raw)
+
+    def encoded(
+        self, vocab: Vocabulary, max_length: int, cache_dir: str | Path | None
+    ) -> dict[str, np.ndarray]:
+        """Every image's references encoded (`Vocabulary.encode`; all rows of the columns, index them with
+        `base`): flat int32 `ids`, `caption_offsets` into them, `image_offsets` into the captions; kept
+        beside the columns in `cache_dir` when they are mapped."""
+        whole = self.whole()
+
+        def compute() -> dict[str, np.ndarray]:
+            ids, caption_ends, image_ends = [], [], []
+            for start in range(0, len(whole), 8192):
+                for label, _ in whole.references(np.arange(start, min(start + 8192, len(whole)))):
+                    for c in label or ():
+                        ids += vocab.encode(c, max_length)
+                        caption_ends.append(len(ids))
+                    image_ends.append(len(caption_ends))
+            return {
+                "ids": np.array(ids, np.int32),
+                "caption_offsets": np.array([0, *caption_ends], np.int64),
+                "image_offsets": np.array([0, *image_ends], np.int64),
+            }
+
+        def check(arrays: dict[str, np.ndarray]) -> None:
+            ids, caps, imgs = arrays["ids"], arrays["caption_offsets"], arrays["image_offsets"]
+            if len(imgs) != len(whole) + 1 or imgs[0] != 0 or imgs[-1] != len(caps) - 1:
+                raise ValueError("image offsets that do not index its captions")
+            outside = len(ids) and (ids.min() < 0 or ids.max() >= len(vocab))
+            if caps[0] != 0 or caps[-1] != len(ids) or outside:
+                raise ValueError("captions that are not the vocabulary's ids")
+
+        key = hashlib.sha256(json.dumps([self.key, vocab.words, max_length]).encode()).hexdigest()
+        return cached_arrays(cache_dir if self.key else None, f"{self.KIND}-ids", key, compute, check)
+
+
 class CaptionDataset(Dataset):
-    """Images with their encoded reference captions (`<bos> w… <eos>`, encoded once), read a micro-batch
-    at a time (`__getitems__`: the regions in one read transaction). Item i: image i alone."""
+    """Images with their encoded reference captions (`<bos> w… <eos>`, encoded once into flat arrays),
+    read a micro-batch at a time (`__getitems__`: the regions in one read transaction). Item i: image i
+    alone. `cache_dir`: where mapped rows keep their encoded captions."""
 
     def __init__(
-        self, examples: Sequence[CaptionExample], features, vocab: Vocabulary, max_length: int = MAX_LENGTH
+        self,
+        examples: Sequence[CaptionExample],
+        features,
+        vocab: Vocabulary,
+        max_length: int = MAX_LENGTH,
+        cache_dir: str | Path | None = None,
     ):
-        self.examples = list(examples)
+        self.examples = examples if isinstance(examples, CaptionRows) else CaptionRows.from_examples(examples)
         self.features = features
-        self.captions = [
-            [np.asarray(vocab.encode(c, max_length), dtype=np.int64) for c in (e.label or ())]
-            for e in self.examples
-        ]
+        encoded = self.examples.encoded(vocab, max_length, cache_dir)
+        self.ids, self.caption_offsets = encoded["ids"], encoded["caption_offsets"]
+        self.image_offsets = encoded["image_offsets"]
 
     def __len__(self) -> int:
         return len(self.examples)
 
+    def _captions(self, i: int) -> list[np.ndarray]:
+        lo, hi = self.image_offsets[i : i + 2].tolist()
+        cuts = self.caption_offsets[lo : hi + 1].tolist()
+        ids = np.asarray(self.ids)  # slices without a memmap object each
+        return [ids[a:b].astype(np.int64) for a, b in zip(cuts, cuts[1:], strict=False)]
+
     def request_ahead(self, indices) -> None:
         """Ask the store now for the regions of images `indices` (`FeatureReader.request_ahead`)."""
-        self.features.request_ahead([self.examples[i].img_id for i in indices])
+        self.features.request_ahead(self.examples.image_ids(np.asarray(indices, dtype=np.int64)))
 
     def __getitems__(self, indices) -> ExampleBatch:
+        idx = np.asarray(indices, dtype=np.int64)
         return ExampleBatch.read(
             self.features,
-            ids=[self.examples[i].image_id for i in indices],
-            images=[self.examples[i].img_id for i in indices],
-            captions=[self.captions[i] for i in indices],
+            ids=self.examples.keys(idx),
+            images=self.examples.image_ids(idx),
+            captions=[self._captions(i) for i in self.examples.base(idx).tolist()],
         )
 
     def __getitem__(self, i: int) -> ExampleBatch:

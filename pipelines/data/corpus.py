@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import itertools
 import json
 import logging
 import os
-import secrets
-import shutil
-import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,6 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from model.files import regular_file
+from pipelines.data import columns
+from pipelines.data.answers import ROWS_STEP, PairAnswers, answer_counts, answer_labels, flat_entries
+from pipelines.data.columns import cached_folder, column_tokens, map_column, text_chunks
 
 log = logging.getLogger(__name__)
 
@@ -41,36 +40,7 @@ COLUMNS = {
 }
 
 
-PAIRS_STEP = 1 << 20  # pairs whose answers are sorted together
-
-
-class Mapped(np.memmap):
-    """A read-only column mapped from its file; pickled as its file name (a Ray worker maps it again)
-    rather than as its bytes."""
-
-    def __array_finalize__(self, obj) -> None:
-        super().__array_finalize__(obj)
-        self._whole = False  # a slice or a result computed from the column pickles as data
-
-    def __getitem__(self, index):
-        res = super().__getitem__(index)
-        if isinstance(res, np.memmap) and res._mmap is None:  # a copy (fancy indexing): a plain array
-            return res.view(np.ndarray)
-        return res
-
-    def __reduce__(self):
-        if getattr(self, "_whole", False):
-            return map_column, (self.filename, self.dtype.str, len(self))
-        return np.asarray(self).copy().__reduce__()
-
-
-def map_column(path: str | Path, dtype, count: int) -> np.ndarray:
-    """`count` items of `dtype` in file `path`, mapped read-only (an empty column is a plain array)."""
-    if count == 0:
-        return np.zeros(0, dtype)
-    arr = Mapped(path, dtype=dtype, mode="r", shape=(count,))
-    arr._whole = True
-    return arr
+PAIRS_STEP = ROWS_STEP  # pairs whose answers are sorted together
 
 
 def sentence_hashes(sents: Iterable[bytes]) -> np.ndarray:
@@ -81,11 +51,7 @@ def sentence_hashes(sents: Iterable[bytes]) -> np.ndarray:
 
 def source_key(paths: Sequence[str | Path]) -> str:
     """sha256 of what the columns depend on: each file's resolved path, size, mtime and inode, in order."""
-    ident = []
-    for p in paths:
-        info = os.stat(p)
-        ident.append([str(Path(p).resolve()), info.st_size, info.st_mtime_ns, info.st_ino])
-    return hashlib.sha256(json.dumps([CORPUS_VERSION, ident]).encode()).hexdigest()
+    return columns.source_key(paths, CORPUS_VERSION)
 
 
 class _Writer:
@@ -423,108 +389,17 @@ class PretrainCorpus(Sequence):
     # ---- answers
     def answer_counts(self, normalize) -> dict[str, int]:
         """For each answer as `normalize` gives it, the number of selected questions listing it."""
-        from collections import Counter
-
-        norm_names: dict[str, int] = {}
-        norm_of = np.array(
-            [norm_names.setdefault(normalize(a), len(norm_names)) for a in self.answer_names], np.int64
-        )
-        width = max(len(norm_names), 1)
-        counts = np.zeros(width, np.int64)
-        for lo in range(0, len(self), PAIRS_STEP):
-            pairs, ids, _ = self._entries(lo, min(lo + PAIRS_STEP, len(self)))
-            if not ids.size:
-                continue
-            keys = np.sort(pairs * width + norm_of[ids])  # np.unique hashes: 20x slower
-            keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
-            counts += np.bincount(keys % width, minlength=width)
-        names = list(norm_names)
-        return Counter({names[k]: int(n) for k, n in enumerate(counts.tolist()) if n})
+        return answer_counts(self.answer_names, self._entries, len(self), normalize, PAIRS_STEP)
 
     def _entries(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every answer entry of selected pairs lo..hi-1: (pair index - lo, answer id, score)."""
-        offsets = self.columns["answer_offsets"]
-        if self.rows is None:  # consecutive entries: slices of the mapped columns
-            bounds = np.asarray(offsets[lo : hi + 1], dtype=np.int64)
-            pairs = np.repeat(np.arange(hi - lo, dtype=np.int64), np.diff(bounds))
-            first, last = int(bounds[0]), int(bounds[-1])
-            return pairs, self.columns["answer_ids"][first:last], self.columns["answer_scores"][first:last]
-        at = self.rows[lo:hi]
-        start, stop = offsets[at], offsets[at + 1]
-        counts = stop - start
-        pairs = np.repeat(np.arange(hi - lo, dtype=np.int64), counts)
-        starts = np.repeat(start - (np.cumsum(counts) - counts), counts)
-        entry = starts + np.arange(int(counts.sum()), dtype=np.int64)
-        return (
-            pairs,
-            np.asarray(self.columns["answer_ids"][entry]),
-            np.asarray(self.columns["answer_scores"][entry]),
-        )
+        c = self.columns
+        return flat_entries(c["answer_offsets"], c["answer_ids"], c["answer_scores"], self.rows, lo, hi)
 
     def answer_labels(self, table) -> PairAnswers:
-        """Each selected pair's answers as labels of `table` (`AnswerTable.labels`: answers not in the
-        table left out, the best score, at least 0, for answers sharing a label), flat. Made PAIRS_STEP
-        pairs at a time: the sorts' scratch arrays stay small whatever the corpus's size."""
-        lookup = np.array([table.get(a, -1) for a in self.answer_names] or [-1], dtype=np.int64)
-        counts = np.zeros(len(self), np.int64)
-        out_labels, out_scores = [], []
-        for lo in range(0, len(self), PAIRS_STEP):
-            hi = min(lo + PAIRS_STEP, len(self))
-            pairs, ids, scores = self._entries(lo, hi)
-            labels = lookup[ids] if ids.size else np.zeros(0, np.int64)
-            known = labels >= 0
-            pairs, labels, scores = pairs[known], labels[known], np.asarray(scores)[known]
-            position = np.arange(len(pairs))
-            # group each pair's entries by label: first position and best score per group
-            order = np.lexsort((position, labels, pairs))
-            pairs, labels, scores, position = pairs[order], labels[order], scores[order], position[order]
-            start = np.ones(len(pairs), bool)
-            start[1:] = (pairs[1:] != pairs[:-1]) | (labels[1:] != labels[:-1])
-            starts = np.nonzero(start)[0]
-            best = np.maximum(np.maximum.reduceat(scores, starts), 0.0) if starts.size else scores[:0]
-            g_pairs, g_labels, g_first = pairs[starts], labels[starts], position[starts]
-            keep = np.lexsort((g_first, g_pairs))
-            out_labels.append(g_labels[keep].astype(np.int64))
-            out_scores.append(best[keep].astype(np.float32))
-            counts[lo:hi] = np.bincount(g_pairs, minlength=hi - lo)
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        labels = np.concatenate(out_labels) if out_labels else np.zeros(0, np.int64)
-        scores = np.concatenate(out_scores) if out_scores else np.zeros(0, np.float32)
-        return PairAnswers(labels, scores, offsets)
-
-
-class PairAnswers:
-    """Each pair's (label, soft score) answers, flat with offsets; `gather` gives a batch's (B, K) arrays,
-    K the most answers any pair has (at least 1)."""
-
-    def __init__(self, labels: np.ndarray, scores: np.ndarray, offsets: np.ndarray):
-        self.labels, self.scores, self.offsets = labels, scores, offsets
-        counts = np.diff(offsets)
-        self.width = max(1, int(counts.max(initial=0)))
-
-    @classmethod
-    def from_lists(cls, answers: Sequence[Sequence[tuple[int, float]]]) -> PairAnswers:
-        counts = np.array([len(a) for a in answers], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        labels = np.array([label for a in answers for label, _ in a], dtype=np.int64)
-        scores = np.array([score for a in answers for _, score in a], dtype=np.float32)
-        return cls(labels, scores, offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(B, K) int64 labels (-100 pads) and float32 soft scores of pairs `indices`."""
-        lo = self.offsets[indices]
-        counts = self.offsets[indices + 1] - lo
-        inside = np.arange(self.width)[None, :] < counts[:, None]
-        at = np.minimum(lo[:, None] + np.arange(self.width)[None, :], max(len(self.labels) - 1, 0))
-        if not len(self.labels):
-            return np.full(inside.shape, -100, np.int64), np.zeros(inside.shape, np.float32)
-        return (
-            np.where(inside, self.labels[at], -100).astype(np.int64),
-            np.where(inside, self.scores[at], 0.0).astype(np.float32),
-        )
+        """Each selected pair's answers as labels of `table` (see `answers.answer_labels`), flat, made
+        PAIRS_STEP pairs at a time."""
+        return answer_labels(self.answer_names, self._entries, len(self), table, PAIRS_STEP)
 
 
 def _in_memory(corpus: PretrainCorpus) -> PretrainCorpus:
@@ -546,35 +421,13 @@ def load_corpus(paths: Sequence[str | Path], cache_dir: str | Path | None) -> Pr
         with tempfile.TemporaryDirectory(prefix="xmodal-corpus-") as tmp:
             convert(paths, Path(tmp), key)
             return _in_memory(PretrainCorpus.open(tmp))
-    cache_dir = Path(cache_dir)
-    final = cache_dir / f"corpus-{key[:32]}"
-    if final.exists():
-        if not final.is_dir() or stat.S_ISLNK(os.lstat(final).st_mode):
-            raise ValueError(
-                f"corpus cache {final} is not a folder; remove it or choose another cache folder"
-            )
-        try:
-            corpus = PretrainCorpus.open(final)
-            if corpus.key == key:
-                return corpus
-            problem = "for other files"
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            problem = f"unreadable ({exc})"
-        log.warning("corpus cache %s is %s: converting again", final, problem)
-        shutil.rmtree(final, ignore_errors=True)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = _new_folder(final)
-    try:
+    final = Path(cache_dir) / f"corpus-{key[:32]}"
+
+    def build(tmp: Path) -> None:
         convert(paths, tmp, key)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process (a torchrun rank) put it there first
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("converted %s into %s", ", ".join(str(p) for p in paths), final)
-    return PretrainCorpus.open(final)
+        log.info("converted %s into %s", ", ".join(str(p) for p in paths), final)
+
+    return cached_folder(final, key, build, PretrainCorpus.open, "corpus")
 
 
 def corpus_texts(
@@ -583,132 +436,11 @@ def corpus_texts(
     """The corpus's sentences tokenised (`EncodedTexts`, indexed like the corpus): read back from
     `cache_dir` when it holds them for this corpus, vocabulary and length limit, else tokenised a chunk
     at a time and written there (a temporary file, then renamed)."""
-    from pipelines.data.text import EncodedTexts
-    from pipelines.data.token_cache import cache_key
-
     pairs = len(corpus.columns["image"])
-    vocab_size = len(tokenizer.get_vocab())
-    key = cache_key(tokenizer, [corpus.key], max_length)[:32]
-    final = None if cache_dir is None or not corpus.key else Path(cache_dir) / f"corpus-tokens-{key}"
-    if final is not None and final.is_dir():
-        try:
-            meta = json.loads((final / "meta.json").read_text())
-            total = int(meta["ids"])
-            problem = _tokens_problem(final, total, pairs, max_length, vocab_size)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            problem = f"unreadable ({exc})"
-        if problem is None:
-            ids = map_column(final / "ids.bin", np.int32, total)
-            return EncodedTexts.of(ids, map_column(final / "offsets.bin", np.int64, pairs + 1), corpus.rows)
-        log.warning("token cache %s is %s: tokenising again", final, problem)
-        shutil.rmtree(final, ignore_errors=True)
-    encode = _encoder(tokenizer, max_length)
-    parent = Path(cache_dir) if final is not None else None
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    tmp = _new_folder(final) if final is not None else Path(tempfile.mkdtemp(prefix="xmodal-tokens-"))
-    try:
-        total = 0
-        with open(tmp / "ids.bin", "wb") as ids_fh, open(tmp / "offsets.bin", "wb") as off_fh:
-            off_fh.write(np.zeros(1, np.int64).tobytes())
-            for sents in _sentence_chunks(corpus, chunk):
-                pieces = encode(sents)
-                lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-                flat = np.fromiter(itertools.chain.from_iterable(pieces), np.int32, int(lengths.sum()))
-                ids_fh.write(flat.tobytes())
-                off_fh.write((total + np.cumsum(lengths)).tobytes())
-                total += int(lengths.sum())
-        (tmp / "meta.json").write_text(json.dumps({"ids": total}))
-        if final is None:
-            ids = np.fromfile(tmp / "ids.bin", np.int32)
-            offsets = np.fromfile(tmp / "offsets.bin", np.int64)
-            return EncodedTexts.of(ids, offsets, corpus.rows)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process (a torchrun rank) put it there first
-            if not final.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    ids = map_column(final / "ids.bin", np.int32, total)
-    return EncodedTexts.of(ids, map_column(final / "offsets.bin", np.int64, pairs + 1), corpus.rows)
 
+    def chunks(size: int) -> Iterator[list[str]]:
+        return text_chunks(corpus.columns["text"], corpus.columns["text_offsets"], size)
 
-def _encoder(tokenizer, max_length: int):
-    """sentences -> `[CLS] ... [SEP]` id lists truncated to `max_length`, as `tokenizer(sents,
-    truncation=True, max_length=max_length)` gives them: straight from a fast tokenizer's Rust backend
-    (a copy, set to truncate) where there is one, skipping the per-sentence conversion transformers
-    does, which costs as much as the tokenising itself."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or getattr(tokenizer, "truncation_side", "right") != "right":
-
-        def slow(sents: list[str]) -> list[list[int]]:
-            return tokenizer(sents, truncation=True, max_length=max_length)["input_ids"]
-
-        return slow
-    from tokenizers import Tokenizer
-
-    fast = Tokenizer.from_str(backend.to_str())
-    fast.no_padding()
-    fast.enable_truncation(max_length)
-
-    def encode(sents: list[str]) -> list[list[int]]:
-        return [e.ids for e in fast.encode_batch_fast(sents, add_special_tokens=True)]
-
-    return encode
-
-
-# read in steps of this many items through the file, not the map: a whole pass over a mapped column
-# would leave all its pages counted in this process's RSS
-STEP = 1 << 22
-
-
-def _sentence_chunks(corpus: PretrainCorpus, chunk: int) -> Iterator[list[str]]:
-    """Every pair's sentence (all pairs of the columns, in order), `chunk` at a time."""
-    pairs = len(corpus.columns["image"])
-    text = corpus.columns["text"]
-    if not isinstance(text, Mapped):
-        for start in range(0, pairs, chunk):
-            yield corpus.sentences(start, min(start + chunk, pairs))
-        return
-    offsets_path = Path(corpus.columns["text_offsets"].filename)
-    with open(text.filename, "rb") as fh:
-        for start in range(0, pairs, chunk):
-            stop = min(start + chunk, pairs)
-            cuts = np.fromfile(offsets_path, np.int64, stop - start + 1, offset=start * 8)
-            fh.seek(int(cuts[0]))
-            data = fh.read(int(cuts[-1] - cuts[0]))
-            cuts = (cuts - cuts[0]).tolist()
-            yield [data[a:b].decode("utf-8") for a, b in zip(cuts, cuts[1:], strict=False)]
-
-
-def _tokens_problem(folder: Path, total: int, pairs: int, max_length: int, vocab_size: int) -> str | None:
-    """Why `folder`'s ids.bin / offsets.bin cannot be `pairs` sentences' token ids, or None (read in
-    steps, not mapped)."""
-    ids_path, offsets_path = folder / "ids.bin", folder / "offsets.bin"
-    if os.stat(ids_path).st_size != 4 * total or os.stat(offsets_path).st_size != 8 * (pairs + 1):
-        return f"not {total} ids in {pairs} sentences"
-    previous = None
-    for start in range(0, pairs + 1, STEP):
-        offsets = np.fromfile(offsets_path, np.int64, min(STEP, pairs + 1 - start), offset=8 * start)
-        if previous is None and offsets[0] != 0:
-            return "holding offsets that do not start at 0"
-        lengths = np.diff(offsets, prepend=offsets[0] if previous is None else previous)
-        if (lengths < 0).any() or (lengths > max_length).any():
-            return f"holding offsets that do not index its ids in sentences of at most {max_length}"
-        previous = offsets[-1]
-    if previous != total:
-        return f"holding offsets that end at {previous}, not at its {total} ids"
-    for start in range(0, total, STEP):
-        ids = np.fromfile(ids_path, np.int32, min(STEP, total - start), offset=4 * start)
-        if ids.min() < 0 or ids.max() >= vocab_size:
-            return f"holding ids outside the vocabulary's 0..{vocab_size - 1}"
-    return None
-
-
-def _new_folder(final: Path) -> Path:
-    """A fresh hidden folder beside `final`, to be renamed to it, with the permissions the umask gives
-    (`mkdtemp`'s would keep other users of a shared cache out)."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    tmp.mkdir()
-    return tmp
+    return column_tokens(
+        corpus.key, "corpus-tokens", pairs, chunks, corpus.rows, tokenizer, max_length, cache_dir, chunk
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from pipelines.data.columns import RowColumns
+
 
 class Example(Protocol):
     """A labelled or unlabelled example of a fine-tuning split."""
@@ -19,12 +21,21 @@ class Example(Protocol):
 
 
 def image_ids(examples: Sequence[Example]) -> list[str]:
-    """Every image id the examples refer to, in first-use order."""
+    """Every image id the examples (or `RowColumns`) refer to, in first-use order."""
+    if isinstance(examples, RowColumns):
+        return examples.used_images()
     ids: dict[str, None] = {}
     for ex in examples:
         for img in ex.images:
             ids.setdefault(img, None)
     return list(ids)
+
+
+def unlabelled_keys(examples: Sequence[Example]) -> list:
+    """The keys of the examples (or `RowColumns`) without a label."""
+    if isinstance(examples, RowColumns):
+        return examples.unlabelled_keys()
+    return [e.key for e in examples if e.label is None]
 
 
 def check_images(examples: Sequence[Example], features, what: str, skippable: bool = False) -> None:

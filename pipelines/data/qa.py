@@ -4,21 +4,23 @@ read by micro-batch, collation with soft targets."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from pipelines.data.answers import AnswerTable
+from pipelines.data.answers import AnswerTable, PairAnswers, answer_counts, answer_labels, flat_entries
+from pipelines.data.columns import TABLE, TEXT, RowColumns, cached_arrays
 from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import PaddedRegions, read_regions
 from pipelines.data.row_files import RowProblems, json_cell, kind_of, rows_and_problems
-from pipelines.data.text import EncodedTexts
-from pipelines.data.vqa_official import OfficialVQA
+from pipelines.data.vqa_official import OfficialVQA, annotations_beside
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,23 @@ def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample
     label}` rows, `{image, question, answer | answers}` rows whose question id, when absent, is made up
     from the image and the question, or the official VQA questions file with its annotations (given too,
     or beside it under the release's name). A file with malformed rows is refused listing every problem."""
-    out: list[QAExample] = []
+    return [QAExample(**r) for r in _qa_records(paths)]
+
+
+def load_qa_rows(paths: str | Path | Iterable[str | Path], cache_dir: str | Path | None = None) -> QARows:
+    """The questions `load_qa_examples` reads, as columns: converted once into `cache_dir` (keyed by the
+    files, and the official annotations beside a questions file) and mapped from there; in memory without
+    one."""
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    if not all(p.is_file() for p in paths):  # a folder, or a missing file refused while reading
+        cache_dir = None
+    beside = [a for a in map(annotations_beside, paths) if a is not None and a.is_file() and a not in paths]
+    return QARows.load(lambda: map(_qa_columns, _qa_records(paths)), [*paths, *beside], cache_dir)
+
+
+def _qa_records(paths: str | Path | Iterable[str | Path]) -> Iterator[dict]:
+    """The `QAExample` fields of each question of `paths`, file by file; a file's problems are raised
+    after its last row."""
     seen: dict[int | str, Path] = {}
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     official = OfficialVQA.among(paths)
@@ -169,20 +187,116 @@ def load_qa_examples(paths: str | Path | Iterable[str | Path]) -> list[QAExample
             if qid is None:
                 qid = _made_up_id(image, question, seen)
             seen[qid] = path
-            out.append(
-                QAExample(
-                    question_id=qid,
-                    img_id=image,
-                    sent=question.strip(),
-                    label=label,
-                    answer_type=fields.get("answer_type"),
-                    question_type=fields.get("question_type"),
-                )
-            )
+            yield {
+                "question_id": qid,
+                "img_id": image,
+                "sent": question.strip(),
+                "label": label,
+                "answer_type": fields.get("answer_type"),
+                "question_type": fields.get("question_type"),
+            }
         for row in empty_answers if answered else ():
             problems.add(row, "the answer is empty")
         problems.raise_if_any(QA_EXPECTED)
-    return out
+
+
+def _qa_columns(record: dict) -> dict:
+    """A `_qa_records` record as a row of `QARows.SCHEMA`."""
+    qid, label = record["question_id"], record["label"]
+    return {
+        "qid": str(qid),
+        "qid_int": isinstance(qid, int),
+        "image": record["img_id"],
+        "sent": record["sent"],
+        "labelled": label is not None,
+        "answer": list((label or {}).items()),
+        "answer_type": _hashable(record["answer_type"]),
+        "question_type": _hashable(record["question_type"]),
+    }
+
+
+def _hashable(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return json.dumps(value, default=str)
+    return value
+
+
+class QARows(RowColumns):
+    """Questions as columns (see `RowColumns`); item i is question i's `QAExample`, built on demand."""
+
+    SCHEMA: ClassVar[dict] = {
+        "qid": TEXT,  # the question id as text; `qid_int`: it was a number
+        "qid_int": np.bool_,
+        "image": TABLE,
+        "sent": TEXT,
+        "labelled": np.bool_,  # the question has a label (maybe empty)
+        "answer": {"ids": TABLE, "scores": np.float64},  # the label's (answer, score) entries in order
+        "answer_type": TABLE,
+        "question_type": TABLE,
+    }
+    KIND = "qa-rows"
+    VERSION = 1
+    IMAGES = ("image",)
+
+    @classmethod
+    def from_examples(cls, examples: Sequence[QAExample]) -> QARows:
+        """Examples already in memory as in-memory columns."""
+        fields = ("question_id", "img_id", "sent", "label", "answer_type", "question_type")
+        return cls.build(_qa_columns({f: getattr(e, f) for f in fields}) for e in examples)
+
+    def keys(self, indices) -> list[int | str]:
+        """The question ids of rows `indices` (numbers stay numbers, text stays text)."""
+        flags = self.columns["qid_int"][self.base(indices)].tolist()
+        return [int(q) if n else q for q, n in zip(self.texts("qid", indices), flags, strict=True)]
+
+    def example(self, i: int) -> QAExample:
+        at = int(self.base(i))
+        label = dict(self.items("answer", i)) if self.columns["labelled"][at] else None
+        return QAExample(
+            question_id=self.keys([i])[0],
+            img_id=self.values("image", [i])[0],
+            sent=self.texts("sent", [i])[0],
+            label=label,
+            answer_type=self.values("answer_type", [i])[0],
+            question_type=self.values("question_type", [i])[0],
+        )
+
+    def unlabelled_keys(self) -> list[int | str]:
+        return self.keys(np.nonzero(~np.asarray(self.column("labelled")))[0])
+
+    def _entries(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        c = self.columns
+        return flat_entries(c["answer_offsets"], c["answer_ids"], c["answer_scores"], self.rows, lo, hi)
+
+    def answer_counts(self, normalize) -> Counter[str]:
+        """For each answer as `normalize` gives it, the number of selected questions listing it."""
+        return answer_counts(self.tables["answer_ids"], self._entries, len(self), normalize)
+
+    def answer_labels(self, table: AnswerTable) -> PairAnswers:
+        """Each selected question's answers as labels of `table` (as `AnswerTable.labels`), flat."""
+        return answer_labels(self.tables["answer_ids"], self._entries, len(self), table)
+
+    def targets(self, table: AnswerTable, cache_dir: str | Path | None) -> PairAnswers:
+        """Every question's answers (all rows of the columns, not just the selected: index them with
+        `base`) as labels of `table`; kept beside the columns in `cache_dir` when they are mapped."""
+        whole = self.whole()
+
+        def compute() -> dict[str, np.ndarray]:
+            found = whole.answer_labels(table)
+            return {"labels": found.labels, "scores": found.scores, "offsets": found.offsets}
+
+        def check(arrays: dict[str, np.ndarray]) -> None:
+            labels, offsets = arrays["labels"], arrays["offsets"]
+            if len(offsets) != len(whole) + 1 or offsets[0] != 0 or offsets[-1] != len(labels):
+                raise ValueError("offsets that do not index its labels")
+            if len(labels) and (labels.min() < 0 or labels.max() >= len(table)):
+                raise ValueError(f"labels outside the table's 0..{len(table) - 1}")
+
+        key = hashlib.sha256(json.dumps([self.key, table.answers]).encode()).hexdigest()
+        arrays = cached_arrays(cache_dir if self.key else None, f"{self.KIND}-targets", key, compute, check)
+        return PairAnswers(arrays["labels"], arrays["scores"], arrays["offsets"])
 
 
 def soft_target(label: Mapping[str, float] | None, answers: AnswerTable) -> np.ndarray:
@@ -237,42 +351,35 @@ class QADataset(Dataset):
         max_length: int = 20,
         cache_dir: str | Path | None = None,
     ) -> None:
-        self.examples = list(examples)
+        self.examples = examples if isinstance(examples, QARows) else QARows.from_examples(examples)
         self.features = features
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
+        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
         self.pad_id = tokenizer.pad_token_id
         self.answers = answers
-        self.labelled = np.array([e.label is not None for e in self.examples], dtype=bool)
-        pairs = [sorted(answers.labels(e.label or {}).items()) for e in self.examples]
-        width = max(1, max((len(p) for p in pairs), default=0))
-        self.answer_ids = np.full((len(pairs), width), -1, dtype=np.int64)  # -1 pads
-        self.answer_scores = np.zeros((len(pairs), width), dtype=np.float32)
-        for i, p in enumerate(pairs):
-            for j, (idx, score) in enumerate(p):
-                self.answer_ids[i, j], self.answer_scores[i, j] = idx, score
+        self.labelled = self.examples.column("labelled")
+        self.targets = self.examples.targets(answers, cache_dir)  # indexed by `base`
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def request_ahead(self, indices) -> None:
         """Ask the store now for the regions of questions `indices` (`FeatureReader.request_ahead`)."""
-        self.features.request_ahead([self.examples[i].img_id for i in indices])
+        self.features.request_ahead(self.examples.image_ids(np.asarray(indices, dtype=np.int64)))
 
     def __getitems__(self, indices) -> QABatch:
         idx = np.asarray(indices, dtype=np.int64)
         targets = None
         if self.labelled[idx].all():
             targets = np.zeros((len(idx), len(self.answers)), dtype=np.float32)
-            cols = self.answer_ids[idx]
+            cols, scores = self.targets.gather(self.examples.base(idx))
             rows = np.broadcast_to(np.arange(len(idx))[:, None], cols.shape)
             real = cols >= 0
-            targets[rows[real], cols[real]] = self.answer_scores[idx][real]
-        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
+            targets[rows[real], cols[real]] = scores[real]
         return QABatch(
-            ids=[e.question_id for e in rows],
+            ids=self.examples.keys(idx),
             token_ids=self.texts.padded(idx, self.pad_id),
             lengths=self.texts.lengths(idx),
-            regions=read_regions(self.features, [e.img_id for e in rows]),
+            regions=read_regions(self.features, self.examples.image_ids(idx)),
             targets=targets,
         )
 

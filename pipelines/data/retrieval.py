@@ -3,18 +3,19 @@ images, and the caption x image pairs an evaluation scores."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.columns import TEXT, RowColumns, Table
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_json, read_rows
 from pipelines.data.regions import IMAGE_SIZE
-from pipelines.data.text import EncodedTexts
 
 VISUAL_INPUTS = ("visual_feats", "visual_pos", "visual_attention_mask", IMAGE_SIZE)
 # Training: each caption against its own image and this many others of the batch (the release: 1 + 3).
@@ -64,6 +65,55 @@ def _karpathy(path: Path, data: dict, splits: set[str] | None) -> list[Retrieval
     return out
 
 
+def load_retrieval_rows(
+    paths: str | Path | Iterable[str | Path], cache_dir: str | Path | None = None
+) -> RetrievalRows:
+    """The captions `load_retrieval_examples` reads, as columns: converted once into `cache_dir` (keyed by
+    the files and their split selectors) and mapped from there; in memory without one."""
+    specs = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files = [Path(str(spec).partition("#")[0]) for spec in specs]
+    if not all(p.is_file() for p in files):  # a folder, or a missing file refused while reading
+        cache_dir = None
+
+    def records() -> Iterator[dict]:
+        return map(_retrieval_columns, load_retrieval_examples(specs))
+
+    return RetrievalRows.load(records, files, cache_dir, [str(s) for s in specs])
+
+
+def _retrieval_columns(e: RetrievalExample) -> dict:
+    return {"caption_id": e.caption_id, "image": e.img_id, "sent": e.sent, "label": e.label}
+
+
+class RetrievalRows(RowColumns):
+    """Captions as columns (see `RowColumns`); item i is caption i's `RetrievalExample`, built on demand.
+    A caption's label (the image it describes) indexes the same image table as its image."""
+
+    SCHEMA: ClassVar[dict] = {
+        "caption_id": TEXT,
+        "image": Table("image"),
+        "sent": TEXT,
+        "label": Table("image"),  # -1: unknown
+    }
+    KIND = "retrieval-rows"
+    VERSION = 1
+    IMAGES = ("image",)
+
+    @classmethod
+    def from_examples(cls, examples: Sequence[RetrievalExample]) -> RetrievalRows:
+        return cls.build(map(_retrieval_columns, examples))
+
+    def keys(self, indices) -> list[str]:
+        return self.texts("caption_id", indices)
+
+    def example(self, i: int) -> RetrievalExample:
+        caption_id, sent = self.keys([i])[0], self.texts("sent", [i])[0]
+        return RetrievalExample(caption_id, self.image_ids([i])[0], sent, self.values("label", [i])[0])
+
+    def unlabelled_keys(self) -> list[str]:
+        return self.keys(np.nonzero(np.asarray(self.column("label")) < 0)[0])
+
+
 def load_retrieval_examples(paths: str | Path | Iterable[str | Path]) -> list[RetrievalExample]:
     """Captions from row files `[{"img_id", "sentences": [str, ...]}]` (caption ids `img_id#k`), or from
     Karpathy's split file, where `FILE#test` (or `#train,restval`) keeps those splits only."""
@@ -104,21 +154,20 @@ class CaptionDataset(Dataset):
         max_length: int = 20,
         cache_dir: str | Path | None = None,
     ) -> None:
-        self.examples = list(examples)
+        self.examples = _rows(examples)
         self.features = features
         self.pad_id = tokenizer.pad_token_id
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
+        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitems__(self, indices) -> ExampleBatch:
         idx = np.asarray(indices, dtype=np.int64)
-        rows = [self.examples[i] for i in idx.tolist()]  # Python ints: indexing by numpy scalars is slow
         return ExampleBatch.read(
             self.features,
-            ids=[e.caption_id for e in rows],
-            images=[e.img_id for e in rows],
+            ids=self.examples.keys(idx),
+            images=self.examples.image_ids(idx),
             texts=self.texts,
             rows=idx,
             pad_id=self.pad_id,
@@ -141,36 +190,39 @@ class PairDataset(Dataset):
         max_length: int = 20,
         cache_dir: str | Path | None = None,
     ) -> None:
-        self.examples = list(examples)
+        self.examples = _rows(examples)
         self.features = features
         self.pad_id = tokenizer.pad_token_id
-        self.gallery = list(dict.fromkeys(e.img_id for e in self.examples))
-        self.texts = EncodedTexts(tokenizer, [e.sent for e in self.examples], max_length, cache_dir=cache_dir)
+        self.gallery = self.examples.used_images()
+        index = {name: i for i, name in enumerate(self.examples.image_names)}
+        self.gallery_index = np.array([index[name] for name in self.gallery], dtype=np.int64)
+        self.label_index = self.examples.column("label")
+        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
 
     def __len__(self) -> int:
         return len(self.examples) * len(self.gallery)
 
     def __getitems__(self, indices) -> ExampleBatch:
         captions, images = np.divmod(np.asarray(indices, dtype=np.int64), len(self.gallery))
-        examples = [self.examples[c] for c in captions.tolist()]
         gallery = [self.gallery[i] for i in images.tolist()]
-        labelled = all(ex.label is not None for ex in examples)
+        own = self.label_index[captions]
+        keys = self.examples.keys(captions)
         return ExampleBatch.read(
             self.features,
-            ids=[pair_key(ex.caption_id, img) for ex, img in zip(examples, gallery, strict=True)],
+            ids=[pair_key(c, img) for c, img in zip(keys, gallery, strict=True)],
             images=gallery,
             texts=self.texts,
             rows=captions,
             pad_id=self.pad_id,
-            labels=np.array(
-                [int(ex.label == img) for ex, img in zip(examples, gallery, strict=True)], dtype=np.int64
-            )
-            if labelled
-            else None,
+            labels=(own == self.gallery_index[images]).astype(np.int64) if (own >= 0).all() else None,
         )
 
     def __getitem__(self, i: int) -> ExampleBatch:
         return self.__getitems__([i])
+
+
+def _rows(examples: Sequence[RetrievalExample]) -> RetrievalRows:
+    return examples if isinstance(examples, RetrievalRows) else RetrievalRows.from_examples(examples)
 
 
 def collate_pairs(batch: ExampleBatch | list[ExampleBatch], pad_id: int = 0) -> dict:

@@ -20,9 +20,11 @@ from pipelines.data.captions import (
     VOCAB_FILE,
     CaptionDataset,
     CaptionExample,
+    CaptionRows,
     Vocabulary,
     collate_captions,
     load_caption_examples,
+    load_caption_rows,
     read_caption_file,
     split_spec,
 )
@@ -193,7 +195,9 @@ class CaptionTask(FinetuneTask):
     primary_metric = "CIDEr"
     recipes = tuple(RECIPES)
 
-    def __init__(self, cfg: FinetuneConfig, answers: Vocabulary | None = None) -> None:
+    def __init__(
+        self, cfg: FinetuneConfig, answers: Vocabulary | None = None, cache_dir: str | Path | None = None
+    ) -> None:
         if cfg.task != self.name:
             raise ValueError(f"a {cfg.task} config given to the {self.name} task")
         if not cfg.features:
@@ -201,6 +205,7 @@ class CaptionTask(FinetuneTask):
         if not cfg.train_files:
             raise ValueError("no training file given: pass --train dataset_coco.json (Karpathy split)")
         self.config = cfg
+        self.token_cache = Path(cache_dir) if cache_dir is not None else None
         self.family = get_family(cfg.arch)
         if self.role not in self.family.models:
             captioners = sorted(name for name, f in FAMILIES.items() if self.role in f.models)
@@ -242,16 +247,17 @@ class CaptionTask(FinetuneTask):
         self.sampling_prob = 0.0
 
     # ---- setup
-    def _load_split(self, files: Sequence[str], split: str, what: str) -> list[CaptionExample]:
-        examples = load_caption_examples(files, split)
-        missing = [e for e in examples if e.img_id not in self.features]
-        if missing and self.config.skip_missing:
+    def _load_split(self, files: Sequence[str], split: str, what: str) -> CaptionRows:
+        examples = load_caption_rows(files, split, self.token_cache)
+        present = np.array([n in self.features for n in examples.image_names], dtype=bool)
+        missing = np.nonzero(~present[examples.image_indices()[:, 0]])[0]
+        if len(missing) and self.config.skip_missing:
             log.warning("%s: skipped %d images not in the store", what, len(missing))
-            examples = [e for e in examples if e.img_id in self.features]
-        elif missing:
+            examples = examples.select_images(present)
+        elif len(missing):
             raise ValueError(
                 f"{what} ({', '.join(files)}): {len(missing)} images are not in the feature store "
-                f"(e.g. {[e.img_id for e in missing[:5]]}); extract them or pass --skip-missing"
+                f"(e.g. {examples.image_ids(missing[:5])}); extract them or pass --skip-missing"
             )
         if not examples:
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable image")
@@ -349,8 +355,7 @@ class CaptionTask(FinetuneTask):
         max_length: int,
         cache_dir: str | Path | None = None,
     ) -> CaptionDataset:
-        # a word vocabulary's lookups are cheap: no token cache
-        return CaptionDataset(examples, features, tokenizer, max_length)
+        return CaptionDataset(examples, features, tokenizer, max_length, cache_dir)
 
     @staticmethod
     def collate_items(items: list[dict], pad_id: int = 0) -> dict:

@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 from model import CONFIG_NAME, FORMAT, family_of, get_family, read_checkpoint, read_config
 from pipelines.data.answers import ANSWERS_FILE, AnswerTable
 from pipelines.data.bad_records import drop_bad
-from pipelines.data.examples import Example, check_images
+from pipelines.data.columns import RowColumns
+from pipelines.data.examples import Example, check_images, unlabelled_keys
 from pipelines.data.image_refs import StoreImages
 from pipelines.data.regions import IMAGE_SIZE, float_inputs, inputs_for
 from pipelines.data.row_files import MAX_LISTED, read_row_file
@@ -155,7 +156,9 @@ class FinetuneTask:
     recipes: ClassVar[tuple[str, ...]] = ()  # named settings `recipe(name)` offers (`--recipe`)
     token_cache: Path | None = None  # where tokenised text is kept; `finetune()` sets the run's cache/
 
-    def __init__(self, cfg: FinetuneConfig, answers: AnswerTable | None = None) -> None:
+    def __init__(
+        self, cfg: FinetuneConfig, answers: AnswerTable | None = None, cache_dir: str | Path | None = None
+    ) -> None:
         if cfg.task != self.name:
             raise ValueError(f"a {cfg.task} config given to the {self.name} task")
         if not cfg.features:
@@ -163,12 +166,13 @@ class FinetuneTask:
         if not cfg.train_files:
             raise ValueError("no training file given: pass --train train.json")
         self.config = cfg
+        self.token_cache = Path(cache_dir) if cache_dir is not None else None
         self.family = _family(cfg)
         self.features = StoreImages(FeatureReader(cfg.features))
         self.train_examples = self._load(cfg.train_files, "training data")
         self.valid_examples = self._load(cfg.valid_files, "validation data") if cfg.valid_files else []
         files = [*cfg.train_files, *cfg.valid_files]
-        check_labelled(self.load_examples, files, self.train_examples + self.valid_examples)
+        check_labelled(self.load_examples, files, [self.train_examples, self.valid_examples])
         self.vocab = cfg.vocab or _init_vocab(cfg.init) or DEFAULT_VOCAB
         self.tokenizer = self.text_vocabulary(cfg)
         init_vocab = _init_vocab(cfg.init)
@@ -203,6 +207,12 @@ class FinetuneTask:
     def load_examples(files: Sequence[str | Path]) -> list:
         """The task's rows of `files` as examples."""
         raise NotImplementedError
+
+    @classmethod
+    def read_rows(cls, files: Sequence[str | Path], cache_dir: Path | None) -> Sequence:
+        """The rows a run trains on: columns (`RowColumns`, kept in `cache_dir`) where the task has them,
+        else `load_examples`."""
+        return cls.load_examples(files)
 
     @staticmethod
     def dataset(
@@ -289,23 +299,36 @@ class FinetuneTask:
         return load_tokenizer(directory), answers
 
     # ---- setup
-    def _load(self, files: list[str], what: str) -> list[Example]:
-        examples = self.load_examples(files)
-        if self.config.skip_missing:
-            kept = [e for e in examples if all(i in self.features for i in e.images)]
-            if len(kept) < len(examples):
-                log.warning(
-                    "%s: skipped %d examples whose images are not in the store",
-                    what,
-                    len(examples) - len(kept),
-                )
-            examples = kept
+    def _load(self, files: list[str], what: str) -> Sequence[Example]:
+        examples = self.read_rows(files, self.token_cache)
+        if isinstance(examples, RowColumns):
+            examples = self._usable_rows(examples, files, what)
         else:
-            check_images(examples, self.features, f"{what} ({', '.join(files)})", skippable=True)
-        examples = drop_bad(examples, self._stored_ids, self.features, self.config.skip_bad_records, what)
+            examples = self._usable_examples(examples, files, what)
         if not examples:
             raise ValueError(f"{what} ({', '.join(files)}) holds no usable example")
         return examples
+
+    def _usable_examples(self, examples: list[Example], files: list[str], what: str) -> list[Example]:
+        if self.config.skip_missing:
+            kept = [e for e in examples if all(i in self.features for i in e.images)]
+            _log_missing(what, len(examples) - len(kept))
+            examples = kept
+        else:
+            check_images(examples, self.features, f"{what} ({', '.join(files)})", skippable=True)
+        return drop_bad(examples, self._stored_ids, self.features, self.config.skip_bad_records, what)
+
+    def _usable_rows(self, rows: RowColumns, files: list[str], what: str) -> RowColumns:
+        """As `_usable_examples`, image by image of the rows' image table rather than row by row."""
+        names = rows.image_names
+        if self.config.skip_missing:
+            kept = rows.select_images(np.array([n in self.features for n in names], dtype=bool))
+            _log_missing(what, len(rows) - len(kept))
+            rows = kept
+        else:
+            check_images(rows, self.features, f"{what} ({', '.join(files)})", skippable=True)
+        skip = self.config.skip_bad_records
+        return drop_bad(rows, self._stored_ids, self.features, skip, what, self.features.resolve)
 
     def _stored_ids(self, example: Example) -> list[str]:
         """The store's ids of an example's images (found by the one reference rule)."""
@@ -432,13 +455,15 @@ class FinetuneTask:
         (directory / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def check_labelled(load_examples: Callable, files: Sequence[str], examples: Sequence | None = None) -> None:
+def check_labelled(
+    load_examples: Callable, files: Sequence[str], splits: Sequence[Sequence] | None = None
+) -> None:
     """Refuse rows without a label, naming the file, why and the rows: fine-tuning learns from labels.
-    `examples`: those of all `files` read together (the official VQA pair labels its questions only so);
-    only in a refusal is each file read alone, for its rows and their lines."""
+    `splits`: the examples (or `RowColumns`) of all `files` read together (the official VQA pair labels
+    its questions only so); only in a refusal is each file read alone, for its rows and their lines."""
     files = list(dict.fromkeys(files))  # a file given as --train and --valid is read once
-    examples = load_examples(files) if examples is None else examples
-    unlabelled = {e.key for e in examples if e.label is None}
+    splits = [load_examples(files)] if splits is None else splits
+    unlabelled = {key for split in splits for key in unlabelled_keys(split)}
     if not unlabelled:
         return
     for path in files:
@@ -450,6 +475,11 @@ def check_labelled(load_examples: Callable, files: Sequence[str], examples: Sequ
         f"{len(unlabelled)} training/validation examples have no label (e.g. {next(iter(unlabelled))!r}); "
         "fine-tuning needs labelled files"
     )
+
+
+def _log_missing(what: str, skipped: int) -> None:
+    if skipped:
+        log.warning("%s: skipped %d examples whose images are not in the store", what, skipped)
 
 
 def _unlabelled_refusal(path: str | Path, missing: Sequence, total: int) -> str:

@@ -23,9 +23,11 @@ from pipelines.tasks.finetune import DEFAULT_ARCH, RUN_FILE, FinetuneConfig, Fin
 log = logging.getLogger(__name__)
 
 
-def build_task(cfg: FinetuneConfig, answers: AnswerTable | None = None) -> FinetuneTask:
-    """The trainer Task of `cfg.task`, built on `cfg`."""
-    return get_finetune_task(cfg.task)(cfg, answers=answers)
+def build_task(
+    cfg: FinetuneConfig, answers: AnswerTable | None = None, cache_dir: Path | None = None
+) -> FinetuneTask:
+    """The trainer Task of `cfg.task`, built on `cfg`; `cache_dir`: where its rows and tokens are kept."""
+    return get_finetune_task(cfg.task)(cfg, answers=answers, cache_dir=cache_dir)
 
 
 def default_run(task: str, recipe: str | None = None) -> FinetuneRun:
@@ -53,8 +55,8 @@ def finetune(run: FinetuneRun, out_dir: str | Path, resume: bool = False) -> dic
     if latest is not None and (latest / RUN_FILE).is_file():
         settings = json.loads((latest / RUN_FILE).read_text())
         answers = get_finetune_task(run.task.task).load_outputs(latest, settings)[1]
-    task = build_task(run.task, answers=answers)
-    task.token_cache = out_dir / "cache"  # text tokenised once per run, reused by a resumed one
+    # rows converted and text tokenised once per run, reused by a resumed one
+    task = build_task(run.task, answers=answers, cache_dir=out_dir / "cache")
     train = fitted_batch(run.train, len(task.train_examples), task.example_noun)
     with ray_for_workers(train.workers, train.ray_address):
         return fit(task, train, out_dir, resume=resume)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from pipelines.data.nlvr2 import NLVR2Dataset, collate_nlvr2, load_nlvr2_examples
+from pipelines.data.nlvr2 import NLVR2Dataset, collate_nlvr2, load_nlvr2_examples, load_nlvr2_rows
 from pipelines.scoring.inputs import ScoringInputError
 from pipelines.scoring.nlvr2 import score_nlvr2_files
 from pipelines.tasks.finetune import FinetuneTask
@@ -24,6 +24,7 @@ class NLVR2Task(FinetuneTask):
     example_noun = "statements"
 
     load_examples = staticmethod(load_nlvr2_examples)
+    read_rows = staticmethod(load_nlvr2_rows)
     collate_items = staticmethod(collate_nlvr2)
     score = staticmethod(nlvr2_metrics)
     write_predictions = staticmethod(write_nlvr2_predictions)

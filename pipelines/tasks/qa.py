@@ -7,11 +7,12 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from model import read_checkpoint
-from pipelines.data.answers import ANSWERS_FILE, AnswerTable
-from pipelines.data.qa import QADataset, collate_qa, load_qa_examples
+from pipelines.data.answers import ANSWERS_FILE, AnswerTable, normalize_answer
+from pipelines.data.qa import QADataset, QARows, collate_qa, load_qa_examples, load_qa_rows
 from pipelines.scoring.gqa import score_gqa_files
 from pipelines.scoring.inputs import ScoringInputError
 from pipelines.scoring.vqa import DEFAULT_EVALUATOR, EVALUATORS, score_vqa_files
@@ -33,6 +34,7 @@ class QATask(FinetuneTask):
     answers: AnswerTable
 
     load_examples = staticmethod(load_qa_examples)
+    read_rows = staticmethod(load_qa_rows)
     collate_items = staticmethod(collate_qa)
 
     @staticmethod
@@ -69,6 +71,9 @@ class QATask(FinetuneTask):
             table = given
         elif cfg.answers:
             table = AnswerTable.load(cfg.answers)
+        elif isinstance(self.train_examples, QARows):
+            counts = self.train_examples.answer_counts(normalize_answer)
+            table = AnswerTable.from_counts(counts, min_count=cfg.answer_min_count, max_size=cfg.max_answers)
         else:
             table = AnswerTable.build(
                 (e.label for e in self.train_examples),
@@ -77,7 +82,10 @@ class QATask(FinetuneTask):
             )
         if len(table) == 0:
             raise ValueError("the answer table is empty; lower answer_min_count or pass --answers")
-        covered = sum(bool(table.labels(e.label)) for e in self.train_examples)
+        if isinstance(self.train_examples, QARows):
+            covered = int(np.count_nonzero(np.diff(self.train_examples.answer_labels(table).offsets)))
+        else:
+            covered = sum(bool(table.labels(e.label)) for e in self.train_examples)
         log.info(
             "answer table: %d answers, covering %d of %d training questions",
             len(table),

@@ -20,6 +20,7 @@ from pipelines.data.retrieval import (
     collate_candidates,
     collate_pairs,
     load_retrieval_examples,
+    load_retrieval_rows,
     pair_key,
     split_pair_key,
 )
@@ -103,6 +104,7 @@ class RetrievalTask(FinetuneTask):
     primary_metric = "R@1"
 
     load_examples = staticmethod(load_retrieval_examples)
+    read_rows = staticmethod(load_retrieval_rows)
     collate_items = staticmethod(collate_pairs)
     score = staticmethod(recall_at_k)
     score_files = staticmethod(score_rankings_files)

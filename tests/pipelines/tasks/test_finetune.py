@@ -279,7 +279,9 @@ def test_nlvr2_learns(problem, tmp_path):
     )
     # 3e-3 (the QA tests' rate) can collapse the pair head onto one class, depending on float rounding
     summary = finetune(FinetuneRun(cfg, _train_cfg("nlvr2", lr=1e-3)), tmp_path / "nlvr2")
-    assert list((tmp_path / "nlvr2" / "cache").glob("tokens-*.npz")), "statements tokenised into cache/"
+    cache = tmp_path / "nlvr2" / "cache"
+    assert list(cache.glob("nlvr2-rows-sent-tokens-*")), "statements tokenised into cache/"
+    assert len(list(cache.glob("nlvr2-rows-????????????????????????????????"))) == 2  # train and valid
     valid = summary["valid"]
     assert summary["best"]["value"] > 75, summary
     assert 0 <= valid["valid_consistency"] <= valid["valid_accuracy"]
