@@ -49,20 +49,43 @@ def major_faults() -> int:
     return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_majflt
 
 
-# Linux reads at most the device's read-ahead window (`read_ahead_kb`, 128 KB by default) of one
-# WILLNEED call and drops the rest: ranges are asked for in pieces no larger
-_WILLNEED_PIECE = 128 << 10
+_DEFAULT_PIECE = 128 << 10  # Linux's default read-ahead window
 
 
-def request_ranges(fd: int, ranges: Sequence[tuple[int, int]]) -> None:
-    """posix_fadvise(WILLNEED) each (offset, size) range of file `fd`: the kernel starts reading all of
-    them into the page cache without waiting for any, so the disk gets them queued together. A hint only:
-    where the system has no such call, reads fault the pages in as before."""
+def willneed_piece(fd: int) -> int:
+    """The most bytes one WILLNEED call reads on the device holding file `fd`: Linux reads at most the
+    larger of its read-ahead window and its largest request (`read_ahead_kb`, `max_sectors_kb`) and drops
+    the rest of the range. 128 KB, the default window, where the system does not say."""
+    try:
+        dev = os.fstat(fd).st_dev
+        name = f"{os.major(dev)}:{os.minor(dev)}"
+    except (OSError, AttributeError):
+        return _DEFAULT_PIECE
+    found = []
+    for folder in (
+        f"/sys/class/bdi/{name}",
+        f"/sys/dev/block/{name}/queue",
+        f"/sys/dev/block/{name}/../queue",
+    ):
+        for setting in ("read_ahead_kb", "max_sectors_kb"):
+            try:
+                with open(f"{folder}/{setting}", encoding="ascii") as fh:
+                    found.append(int(fh.read().strip()) << 10)
+            except (OSError, ValueError):
+                continue
+    return max(found) if found and max(found) >= 4096 else _DEFAULT_PIECE
+
+
+def request_ranges(fd: int, ranges: Sequence[tuple[int, int]], piece: int = _DEFAULT_PIECE) -> None:
+    """posix_fadvise(WILLNEED) each (offset, size) range of file `fd`, in calls of at most `piece` bytes
+    (`willneed_piece`): the kernel starts reading all of them into the page cache without waiting for any,
+    so the disk gets them queued together. A hint only: where the system has no such call, reads fault the
+    pages in as before."""
     if not hasattr(os, "posix_fadvise"):
         return
     for start, size in ranges:
-        for at in range(start, start + size, _WILLNEED_PIECE):
-            os.posix_fadvise(fd, at, min(_WILLNEED_PIECE, start + size - at), os.POSIX_FADV_WILLNEED)
+        for at in range(start, start + size, piece):
+            os.posix_fadvise(fd, at, min(piece, start + size - at), os.POSIX_FADV_WILLNEED)
 
 
 def wrong_record(path: Path, asked: str, found: str) -> StoreDamagedError:
@@ -100,6 +123,7 @@ class _Shard:
             raise lmdb_failure(path, exc, "opening its databases", whole=True) from exc
         self.lock = lock
         self._fd: int | None = None  # data.mdb, for read hints (`request`)
+        self._piece = 0  # the most one read hint asks for (`willneed_piece`)
         # whether reads are requested ahead: until a read finds all its pages in memory, and again from
         # the first read that waits for the disk (a warm store then pays no call per value)
         self.ahead = True
@@ -177,6 +201,7 @@ class _Shard:
             return major_faults()
         if self._fd is None:
             self._fd = os.open(self.path / "data.mdb", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._piece = willneed_piece(self._fd)
         if self._in_memory(spans):
             self.ahead = False
             return major_faults()
@@ -186,7 +211,7 @@ class _Shard:
                 merged[-1][1] = max(merged[-1][1], start + size - merged[-1][0])
             else:
                 merged.append([start, size])
-        request_ranges(self._fd, [(start, size) for start, size in merged])
+        request_ranges(self._fd, [(start, size) for start, size in merged], self._piece)
         return major_faults()
 
     def _in_memory(self, spans: list[tuple[int, int]]) -> bool:

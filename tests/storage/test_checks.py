@@ -130,7 +130,7 @@ def test_a_changed_store_is_checked_again(store, tmp_path, decoded, make_record)
 
 def test_reads_in_file_order_after_requesting_the_pages(store, tmp_path, decoded, monkeypatch):
     requested: list[tuple[int, int]] = []
-    monkeypatch.setattr(storage.reader, "request_ranges", lambda fd, ranges: requested.extend(ranges))
+    monkeypatch.setattr(storage.reader, "request_ranges", lambda fd, ranges, *piece: requested.extend(ranges))
     # as on a cold store (this one was just written: its pages are in memory, so nothing would be asked)
     monkeypatch.setattr(storage.reader._Shard, "_in_memory", lambda self, spans: False)
     reader = FeatureReader(store)

@@ -83,9 +83,9 @@ def calls(monkeypatch, in_memory):
     log: list[tuple[str, object]] = []
     request, decode = storage.reader.request_ranges, storage.codec.decode
 
-    def recording_request(fd, ranges):
+    def recording_request(fd, ranges, *piece):
         log.append(("request", {(start, size) for start, size in ranges}))
-        request(fd, ranges)
+        request(fd, ranges, *piece)
 
     def recording_decode(value, key=None):
         log.append(("decode", key.decode()))
