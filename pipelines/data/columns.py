@@ -282,7 +282,25 @@ class ColumnWriter:
         (self.directory / "meta.json").write_text(json.dumps(meta, ensure_ascii=False))
 
 
-class RowColumns(Sequence):
+class Selection:
+    """Columns (`columns`: name -> array) read through `rows`, the positions of the rows selected, in
+    order (None: all, as written)."""
+
+    columns: dict[str, np.ndarray]
+    rows: np.ndarray | None
+
+    def base(self, indices) -> np.ndarray:
+        """Positions in the columns of rows `indices`."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return indices if self.rows is None else self.rows[indices]
+
+    def column(self, name: str) -> np.ndarray:
+        """A per-row column over the selected rows (the mapped column itself when all are)."""
+        col = self.columns[name]
+        return col if self.rows is None else col[self.rows]
+
+
+class RowColumns(Selection, Sequence):
     """A split's rows as columns of `SCHEMA`; `rows` selects and orders rows of the columns (None: all, as
     converted). A subclass builds its example object for item i on demand (`example`)."""
 
@@ -379,16 +397,6 @@ class RowColumns(Sequence):
     # ---- rows
     def __len__(self) -> int:
         return self._length if self.rows is None else len(self.rows)
-
-    def base(self, indices) -> np.ndarray:
-        """Positions in the columns of rows `indices`."""
-        indices = np.asarray(indices, dtype=np.int64)
-        return indices if self.rows is None else self.rows[indices]
-
-    def column(self, name: str) -> np.ndarray:
-        """A per-row column over the selected rows (the mapped column itself when all are)."""
-        col = self.columns[name]
-        return col if self.rows is None else col[self.rows]
 
     def select(self, keep: np.ndarray):
         """The rows where boolean `keep` is set, in order."""

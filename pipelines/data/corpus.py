@@ -18,7 +18,7 @@ import numpy as np
 from model.files import regular_file
 from pipelines.data import columns
 from pipelines.data.answers import ROWS_STEP, PairAnswers, answer_counts, answer_labels, flat_entries
-from pipelines.data.columns import cached_folder, column_tokens, map_column, text_chunks
+from pipelines.data.columns import Selection, cached_folder, column_tokens, map_column, text_chunks
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ class PretrainExample:
     label: dict[str, float] | None = None
 
 
-class PretrainCorpus(Sequence):
+class PretrainCorpus(Selection, Sequence):
     """(image, sentence) pairs as columns (see COLUMNS) over one image table; `rows` selects and orders
     pairs of the columns (None: all, as converted). Item i is the `PretrainExample` of pair i, built on
     demand."""
@@ -324,16 +324,6 @@ class PretrainCorpus(Sequence):
     # ---- pairs
     def __len__(self) -> int:
         return len(self.columns["image"]) if self.rows is None else len(self.rows)
-
-    def base(self, indices) -> np.ndarray:
-        """Positions in the columns of pairs `indices`."""
-        indices = np.asarray(indices, dtype=np.int64)
-        return indices if self.rows is None else self.rows[indices]
-
-    def column(self, name: str) -> np.ndarray:
-        """A per-pair column over the selected pairs (the mapped column itself when all are)."""
-        col = self.columns[name]
-        return col if self.rows is None else col[self.rows]
 
     def select(self, keep: np.ndarray) -> PretrainCorpus:
         """The pairs where boolean `keep` is set, in order."""
