@@ -18,7 +18,8 @@ import numpy as np
 from model.files import regular_file
 from pipelines.data import columns
 from pipelines.data.answers import ROWS_STEP, PairAnswers, answer_counts, answer_labels, flat_entries
-from pipelines.data.columns import Selection, cached_folder, column_tokens, map_column, text_chunks
+from pipelines.data.column_tokens import column_tokens
+from pipelines.data.columns import Selection, cached_folder, map_column, text_chunks
 
 log = logging.getLogger(__name__)
 

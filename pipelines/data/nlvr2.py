@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.column_tokens import row_tokens
 from pipelines.data.columns import TEXT, RowColumns, Table
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_rows
@@ -133,7 +134,7 @@ class NLVR2Dataset(Dataset):
         self.examples = examples if isinstance(examples, NLVR2Rows) else NLVR2Rows.from_examples(examples)
         self.features = features
         self.pad_id = tokenizer.pad_token_id
-        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
+        self.texts = row_tokens(self.examples, "sent", tokenizer, max_length, cache_dir)
         self.labels = self.examples.column("label")
 
     def __len__(self) -> int:

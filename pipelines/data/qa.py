@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from pipelines.data.answers import AnswerTable, PairAnswers, answer_counts, answer_labels, flat_entries
+from pipelines.data.column_tokens import row_tokens
 from pipelines.data.columns import TABLE, TEXT, RowColumns, cached_arrays
 from pipelines.data.image_refs import image_ref
 from pipelines.data.regions import PaddedRegions, read_regions
@@ -353,7 +354,7 @@ class QADataset(Dataset):
     ) -> None:
         self.examples = examples if isinstance(examples, QARows) else QARows.from_examples(examples)
         self.features = features
-        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
+        self.texts = row_tokens(self.examples, "sent", tokenizer, max_length, cache_dir)
         self.pad_id = tokenizer.pad_token_id
         self.answers = answers
         self.labelled = self.examples.column("labelled")

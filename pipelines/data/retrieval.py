@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from pipelines.data.column_tokens import row_tokens
 from pipelines.data.columns import TEXT, RowColumns, Table
 from pipelines.data.example_batch import ExampleBatch, as_batch
 from pipelines.data.json_rows import field, read_json, read_rows
@@ -157,7 +158,7 @@ class CaptionDataset(Dataset):
         self.examples = _rows(examples)
         self.features = features
         self.pad_id = tokenizer.pad_token_id
-        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
+        self.texts = row_tokens(self.examples, "sent", tokenizer, max_length, cache_dir)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -197,7 +198,7 @@ class PairDataset(Dataset):
         index = {name: i for i, name in enumerate(self.examples.image_names)}
         self.gallery_index = np.array([index[name] for name in self.gallery], dtype=np.int64)
         self.label_index = self.examples.column("label")
-        self.texts = self.examples.tokens("sent", tokenizer, max_length, cache_dir)
+        self.texts = row_tokens(self.examples, "sent", tokenizer, max_length, cache_dir)
 
     def __len__(self) -> int:
         return len(self.examples) * len(self.gallery)

@@ -10,6 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
+import pipelines.data.column_tokens as column_tokens_mod
 import pipelines.data.columns as columns_mod
 import pipelines.data.qa as qa_mod
 from pipelines.data.answers import AnswerTable, normalize_answer
@@ -166,7 +167,7 @@ def test_second_run_maps_the_cache_and_a_changed_file_converts_again(store, tmp_
     first = QADataset(load_qa_rows(files, cache), FeatureReader(path), tokenizer, table, 8, cache)
     with monkeypatch.context() as m:
         m.setattr(qa_mod, "_qa_records", _fail)
-        m.setattr(columns_mod, "_encoder", _fail)
+        m.setattr(column_tokens_mod, "_encoder", _fail)
         m.setattr(qa_mod, "answer_labels", _fail)
         again = QADataset(load_qa_rows(files, cache), FeatureReader(path), tokenizer, table, 8, cache)
     assert list(again.examples) == list(first.examples)
