@@ -42,6 +42,10 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+if str(Path(__file__).parent) not in sys.path:  # imported by another benchmark
+    sys.path.append(str(Path(__file__).parent))
+
+from loader_memory import cycled_reader, drive_loader, rollup, status  # noqa: E402
 
 BOXES, DIM = 36, 2048
 SMALL_PAIRS = 50_000
@@ -116,70 +120,21 @@ def write_store(path: Path, records: int) -> None:
             )
 
 
-def _rollup(pid: int | str, field: str) -> int:
-    """Bytes of `field` (Private_Dirty, Anonymous, Pss, ...) in /proc/PID/smaps_rollup."""
-    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _status(field: str) -> int:
-    """Bytes of `field` (VmHWM, VmRSS, ...) in /proc/self/status."""
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _private_dirty(pid: int) -> int:
-    return _rollup(pid, "Private_Dirty")
-
-
-def _worker_memory(pids: list[int]) -> dict[int, tuple[int, int]]:
-    import psutil
-
-    out = {}
-    for pid in pids:
-        try:
-            out[pid] = (_private_dirty(pid), psutil.Process(pid).memory_full_info().uss)
-        except (OSError, psutil.Error):
-            continue
-    return out
-
-
 def _child(args: dict) -> dict:
     """One cold start of the training process: the task, its dataset, `batches` batches through the
     loader. Runs in its own process."""
     import psutil
-    import torch
 
     import pipelines.tasks.pretrain as pretrain_task
     from pipelines.data.bad_records import bad_records
-    from pipelines.engine.trainer import BatchDataset
-    from pipelines.engine.worker_errors import Carrying
     from storage import FeatureReader
 
     records = args["records"]
 
-    class CycledReader(FeatureReader):
-        """The small store standing for every image: image k reads record k % records."""
-
-        def __contains__(self, img_id: object) -> bool:
-            return isinstance(img_id, str)
-
-        def read_batch(self, img_ids, width=None, alloc=np.empty):
-            stored = [f"r{int(i[-12:]) % records}" for i in img_ids]
-            batch = super().read_batch(stored, width, alloc)
-            batch.img_ids = list(img_ids)
-            return batch
-
     def check_store(features, ids, skip):
         return bad_records(FeatureReader(features.paths), [f"r{k}" for k in range(records)], skip)
 
-    pretrain_task.FeatureReader = CycledReader
+    pretrain_task.FeatureReader = cycled_reader(records)
     pretrain_task.bad_records = check_store
     start = time.perf_counter()
     cfg = pretrain_task.PretrainConfig(
@@ -190,43 +145,20 @@ def _child(args: dict) -> dict:
     )
     task = pretrain_task.PretrainTask(cfg)
     dataset = task.train_dataset()
-    batch, batches, workers = args["batch_size"], args["batches"], args["workers"]
-    rng = np.random.default_rng(0)
-    epochs = -(-batches * batch // len(dataset))
-    order = np.concatenate([rng.permutation(len(dataset)) for _ in range(epochs)])
-    data = BatchDataset(dataset, task.collate, order, batch, (0, 0, 0))
-    loader = torch.utils.data.DataLoader(
-        Carrying(data),
-        batch_size=None,
-        sampler=range(batches),
-        num_workers=workers,
-        persistent_workers=False,
-        prefetch_factor=4 if workers > 0 else None,
+    run = drive_loader(
+        dataset, task.collate, args["batch_size"], args["batches"], args["workers"], start, 500
     )
-    it = iter(loader)
-    next(it)
-    first = time.perf_counter() - start
-    pids = [p.pid for p in psutil.Process().children()]
-    base = _worker_memory(pids)
-    peak = dict(base)
-    tick, done = time.perf_counter(), 1
-    for done, _ in enumerate(it, 2):  # noqa: B007
-        if done % 500 == 0 or done == batches - 1:
-            for pid, mem in _worker_memory(pids).items():
-                peak[pid] = tuple(max(a, b) for a, b in zip(peak.get(pid, mem), mem, strict=True))
-    elapsed = time.perf_counter() - tick
-    growth = [tuple(p - b for p, b in zip(peak[pid], base[pid], strict=True)) for pid in base]
     return {
         "pairs": len(dataset),
-        "first_batch_s": first,
-        "sps": (done - 1) * batch / elapsed if done > 1 else 0.0,
+        "first_batch_s": run["first_batch_s"],
+        "sps": run["sps"],
         # VmHWM: this process's own peak (ru_maxrss would also count the parent's at the fork)
-        "peak_rss_gb": _status("VmHWM") / 2**30,
+        "peak_rss_gb": status("VmHWM") / 2**30,
         "rss_gb": psutil.Process().memory_info().rss / 2**30,
-        "anon_gb": _rollup("self", "Anonymous") / 2**30,
-        "pss_gb": _rollup("self", "Pss") / 2**30,
-        "worker_growth_gb": max((g[0] for g in growth), default=0.0) / 2**30,
-        "worker_uss_growth_gb": max((g[1] for g in growth), default=0.0) / 2**30,
+        "anon_gb": rollup("self", "Anonymous") / 2**30,
+        "pss_gb": rollup("self", "Pss") / 2**30,
+        "worker_growth_gb": run["worker_growth_gb"],
+        "worker_uss_growth_gb": run["worker_uss_growth_gb"],
     }
 
 

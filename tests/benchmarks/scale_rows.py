@@ -36,7 +36,9 @@ REPO = Path(__file__).resolve().parents[2]
 TREE_VARIABLE = "SCALE_ROWS_TREE"  # the checkout a measuring process imports the package from
 sys.path.insert(0, os.environ.get(TREE_VARIABLE, str(REPO)))
 
-from tests.benchmarks.scale_corpus import _rollup, _words, _worker_memory, write_store  # noqa: E402
+from loader_memory import cycled_reader, drive_loader  # noqa: E402
+
+from tests.benchmarks.scale_corpus import _words, write_store  # noqa: E402
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -79,41 +81,20 @@ def _child(args: dict) -> dict:
     loader. Runs in its own process."""
     import resource
 
-    import psutil
-    import torch
-
     import pipelines.data.bad_records as bad_mod
     import pipelines.tasks.finetune as finetune_mod
-    from pipelines.engine.trainer import BatchDataset
-    from pipelines.engine.worker_errors import Carrying
     from pipelines.tasks.finetune import FinetuneConfig
     from pipelines.tasks.qa import VQATask
     from storage import FeatureReader
 
     records = args["records"]
-
-    class CycledReader(FeatureReader):
-        """The small store standing for every image: image k reads record k % records."""
-
-        def __contains__(self, img_id: object) -> bool:
-            return isinstance(img_id, str)
-
-        def get(self, img_id, default=None):
-            return super().get(f"r{int(img_id[-12:]) % records}", default)
-
-        def read_batch(self, img_ids, width=None, alloc=np.empty):
-            stored = [f"r{int(i[-12:]) % records}" for i in img_ids]
-            batch = super().read_batch(stored, width, alloc)
-            batch.img_ids = list(img_ids)
-            return batch
-
     original = bad_mod.bad_records
 
     def check_store(features, ids, skip):
         list(ids)  # what the tree gathers is its own cost
         return original(FeatureReader(features.paths), [f"r{k}" for k in range(records)], skip)
 
-    finetune_mod.FeatureReader = CycledReader
+    finetune_mod.FeatureReader = cycled_reader(records)
     bad_mod.bad_records = check_store
     if hasattr(finetune_mod, "bad_records"):
         finetune_mod.bad_records = check_store
@@ -133,45 +114,20 @@ def _child(args: dict) -> dict:
         task.token_cache = Path(args["cache"])
     dataset = task.train_dataset()
     build = time.perf_counter() - start
-    batch, batches, workers = args["batch_size"], args["batches"], args["workers"]
-    rng = np.random.default_rng(0)
-    epochs = -(-batches * batch // len(dataset))
-    order = np.concatenate([rng.permutation(len(dataset)) for _ in range(epochs)])
-    data = BatchDataset(dataset, task.collate, order, batch, (0, 0, 0))
-    loader = torch.utils.data.DataLoader(
-        Carrying(data),
-        batch_size=None,
-        sampler=range(batches),
-        num_workers=workers,
-        persistent_workers=False,
-        prefetch_factor=4 if workers > 0 else None,
+    run = drive_loader(
+        dataset, task.collate, args["batch_size"], args["batches"], args["workers"], start, 100
     )
-    it = iter(loader)
-    next(it)
-    first = time.perf_counter() - start
-    pids = [p.pid for p in psutil.Process().children()]
-    base = _worker_memory(pids)
-    peak = dict(base)
-    anon = _rollup("self", "Anonymous")
-    tick, done = time.perf_counter(), 1
-    for done, _ in enumerate(it, 2):  # noqa: B007
-        if done % 100 == 0 or done == batches - 1:
-            anon = max(anon, _rollup("self", "Anonymous"))
-            for pid, mem in _worker_memory(pids).items():
-                peak[pid] = tuple(max(a, b) for a, b in zip(peak.get(pid, mem), mem, strict=True))
-    elapsed = time.perf_counter() - tick
-    growth = [peak[pid][0] - base[pid][0] for pid in base]
     import pipelines
 
     return {
         "package": str(Path(pipelines.__file__).parents[1]),  # the tree measured
         "questions": len(dataset),
         "build_s": build,
-        "first_batch_s": first,
-        "sps": (done - 1) * batch / elapsed if done > 1 else 0.0,
+        "first_batch_s": run["first_batch_s"],
+        "sps": run["sps"],
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "anon_gb": anon / 2**30,
-        "worker_growth_mb": max(growth, default=0) / 2**20,
+        "anon_gb": run["peak_anon_gb"],
+        "worker_growth_mb": run["worker_growth_gb"] * 1024,
     }
 
 
