@@ -20,6 +20,6 @@ def ray_two_cpus():
     """A private local Ray instance with 2 CPUs for Ray Train tests, shut down afterwards."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

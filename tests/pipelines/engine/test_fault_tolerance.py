@@ -129,7 +129,7 @@ def ray_for_module():
     """One private local Ray instance with 2 CPUs for this module's runs, shut down afterwards."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
