@@ -5,7 +5,6 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xmodal-installed
 DEMO_DIR ?= demo_run
 DOCKER_ENV ?= docker/.env
-TEST_PROCESSES ?= 2
 
 .PHONY: install demo test lint bench clean docker-dirs
 
@@ -25,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
-	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

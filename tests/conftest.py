@@ -24,16 +24,6 @@ if "XMODAL_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["XMODAL_CACHE"], True)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run in several processes (`make test`: pytest-xdist, one test file to a process at a time), the
-    files with end-to-end (`slow`) tests go first, so that no long file is left to run alone at the end.
-    Each file's tests keep their order; a run in one process keeps the collection order."""
-    if getattr(config.option, "dist", "no") == "no":
-        return
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
-
-
 @pytest.fixture(scope="session")
 def shared_reference() -> Path:
     """`../shared/reference/`, or skip where this checkout has no shared folder beside it."""
